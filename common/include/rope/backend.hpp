@@ -1,0 +1,63 @@
+#pragma once
+/// @file backend.hpp
+/// @brief The backend interface, the registry that creates backends by name, and rope::apply.
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rope/plan.hpp"
+
+namespace rope {
+
+/// @brief Options for creating a backend.
+struct BackendOptions {
+    /// Worker threads for multi-threaded CPU backends; 0 follows OMP_NUM_THREADS
+    /// (or the OpenMP default). Ignored by single-threaded and GPU backends.
+    int threads = 0;
+};
+
+/// @brief One implementation of RoPE. Create it with make_backend().
+///
+/// A backend only runs validated Plans; rope::apply() does the validation, so
+/// all backends reject bad input in exactly the same way.
+class Backend {
+public:
+    virtual ~Backend() = default;
+    /// @brief Registry name, e.g. "cpu-naive".
+    virtual std::string name() const = 0;
+    /// @brief Where this backend expects q, k, outputs and position ids to live.
+    virtual Device device() const = 0;
+    /// @brief Executes @p plan. Device backends enqueue on plan.stream and return
+    /// without synchronising.
+    virtual void run(const Plan& plan) = 0;
+};
+
+/// @brief What the registry knows about one backend.
+struct BackendInfo {
+    std::string name;         ///< Registry name, e.g. "cuda-optimized".
+    std::string description;  ///< One line on what it is.
+    Device device;            ///< Where its tensors live.
+    bool available;           ///< Whether make_backend() can create it on this machine.
+    std::string reason;       ///< Why it is unavailable (empty when available).
+};
+
+/// @brief Every backend rope knows, available on this machine or not, in teaching order.
+std::vector<BackendInfo> list_backends();
+
+/// @brief Information on the backend called @p name.
+/// @throws rope::Error if no backend has that name.
+BackendInfo backend_info(std::string_view name);
+
+/// @brief Creates the backend called @p name ("cpu-naive", "cpu-eigen", "cuda-naive", "cuda-optimized").
+/// @throws rope::Error if the name is unknown or the backend is unavailable here (with the reason).
+std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options = {});
+
+/// @brief Validates the call and runs it on @p backend: the library's main entry point.
+///
+/// An empty tensor is a valid no-op. On error nothing is written.
+/// @throws rope::Error naming the offending parameter and its value.
+void apply(Backend& backend, const RopeConfig& config, const RopeArgs& args);
+
+}  // namespace rope

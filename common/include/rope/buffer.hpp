@@ -1,0 +1,59 @@
+#pragma once
+/// @file buffer.hpp
+/// @brief An owning block of host or CUDA memory, for tests, tutorials and tools.
+
+#include <cstddef>
+#include <string>
+
+#include "rope/tensor.hpp"
+
+namespace rope {
+
+/// @brief Owns @p bytes of memory on a device and frees it when destroyed (RAII).
+///
+/// On Device::cuda it uses cudaMalloc/cudaFree; every CUDA call is checked and
+/// a failure becomes a rope::Error with CUDA's own error text. In a build
+/// without CUDA, creating a CUDA buffer throws.
+class Buffer {
+public:
+    /// @brief An empty buffer that owns nothing.
+    Buffer() = default;
+    /// @brief Allocates @p bytes on @p device (zero bytes allocates nothing).
+    Buffer(Device device, std::size_t bytes);
+    ~Buffer();
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    /// @brief Takes ownership from @p other, leaving it empty.
+    Buffer(Buffer&& other) noexcept;
+    /// @brief Frees this buffer's memory and takes ownership from @p other.
+    Buffer& operator=(Buffer&& other) noexcept;
+
+    /// @brief Start of the memory (null when empty).
+    void* data() const { return data_; }
+    /// @brief Size in bytes.
+    std::size_t bytes() const { return bytes_; }
+    /// @brief Where the memory lives.
+    Device device() const { return device_; }
+
+    /// @brief Copies bytes() bytes from host memory @p source into this buffer (synchronous).
+    void copy_from_host(const void* source);
+    /// @brief Copies bytes() bytes from this buffer into host memory @p destination (synchronous).
+    void copy_to_host(void* destination) const;
+
+private:
+    void release() noexcept;
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+    Device device_ = Device::host;
+};
+
+/// @brief Number of CUDA devices usable here (0 in a build without CUDA or on a machine without a GPU).
+int cuda_device_count();
+
+/// @brief Why CUDA is unusable here ("built without CUDA", "no CUDA device: ..."), or "" if it is usable.
+std::string cuda_unavailable_reason();
+
+/// @brief Blocks until all work on the current CUDA device has finished (no-op without CUDA).
+void cuda_synchronize();
+
+}  // namespace rope

@@ -1,0 +1,44 @@
+#pragma once
+/// @file positions.hpp
+/// @brief Which position each token of the sequence has.
+
+#include <cstdint>
+
+#include "rope/tensor.hpp"
+
+namespace rope {
+
+/// @brief The position ids of the tokens being rotated.
+///
+/// Three forms cover what models do:
+/// - the default, positions 0, 1, ..., seq-1 (a prompt processed from the start);
+/// - a start offset, positions offset, ..., offset+seq-1 (decoding with a KV cache
+///   that already holds `offset` tokens);
+/// - explicit ids, int64, either one row of `seq` ids shared by the whole batch
+///   (shape [seq]) or one row per sequence (shape [batch, seq]) as in padded
+///   or packed batches.
+struct Positions {
+    int64_t offset = 0;           ///< First position when `ids` is null.
+    const int64_t* ids = nullptr; ///< Explicit position ids, or null for offset + s.
+    int64_t rows = 0;             ///< Rows of `ids`: 1 (shape [seq]) or batch (shape [batch, seq]).
+    int64_t length = 0;           ///< Ids per row; must equal the tensors' seq.
+    Device device = Device::host; ///< Where `ids` lives; must match the backend.
+
+    /// @brief Positions offset, offset+1, ...: the default when @p offset is 0.
+    static Positions starting_at(int64_t offset) {
+        Positions positions;
+        positions.offset = offset;
+        return positions;
+    }
+    /// @brief One row of @p length ids shared by every sequence of the batch.
+    static Positions shared(const int64_t* ids, int64_t length, Device device = Device::host) {
+        return Positions{0, ids, 1, length, device};
+    }
+    /// @brief A [rows, length] row-major table of ids, one row per sequence.
+    static Positions per_sequence(const int64_t* ids, int64_t rows, int64_t length,
+                                  Device device = Device::host) {
+        return Positions{0, ids, rows, length, device};
+    }
+};
+
+}  // namespace rope

@@ -1,0 +1,25 @@
+#pragma once
+/// @file rope.hpp
+/// @brief Umbrella header: include this to use rope.
+///
+/// @code
+/// #include <rope/rope.hpp>
+/// auto backend = rope::make_backend("cpu-naive");
+/// rope::RopeConfig config{.head_dim = 64};
+/// auto q = rope::TensorView::contiguous(q_data, rope::DType::f32, rope::Device::host,
+///                                       rope::Layout::bhsd, {4, 8, 256, 64});
+/// auto k = rope::TensorView::contiguous(k_data, rope::DType::f32, rope::Device::host,
+///                                       rope::Layout::bhsd, {4, 8, 256, 64});
+/// rope::apply(*backend, config, rope::RopeArgs::in_place(q, k));
+/// @endcode
+
+#include "rope/backend.hpp"
+#include "rope/buffer.hpp"
+#include "rope/config.hpp"
+#include "rope/dtype.hpp"
+#include "rope/error.hpp"
+#include "rope/frequency_table.hpp"
+#include "rope/plan.hpp"
+#include "rope/positions.hpp"
+#include "rope/rotation.hpp"
+#include "rope/tensor.hpp"

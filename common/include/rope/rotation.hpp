@@ -1,0 +1,50 @@
+#pragma once
+/// @file rotation.hpp
+/// @brief The three rules of RoPE, shared verbatim by every backend:
+/// which features pair up, what angle a pair turns by, and the 2-D rotation.
+
+#include <cstdint>
+
+#include "rope/config.hpp"
+#include "rope/host_device.hpp"
+
+namespace rope {
+
+/// @brief Feature indices (within one head row) of the two halves of a pair.
+struct PairIndex {
+    int64_t first;   ///< Feature that plays the role of x in the 2-D rotation.
+    int64_t second;  ///< Feature that plays the role of y.
+};
+
+/// @brief Features of pair @p i for a rotary block of @p rotary_dim features.
+///
+/// Half-split pairs i with i + rotary_dim/2 (HuggingFace `rotate_half`);
+/// interleaved pairs 2i with 2i+1 (GPT-J). Mixing the two up does not crash
+/// anything: a model simply gets the wrong rotation and quietly degrades.
+ROPE_HOST_DEVICE inline PairIndex pair_elements(Style style, int64_t rotary_dim, int64_t i) {
+    if (style == Style::half_split) return {i, i + rotary_dim / 2};
+    return {2 * i, 2 * i + 1};
+}
+
+/// @brief Rotation angle of pair i at @p position: position * theta_i, in float32.
+///
+/// Both factors are converted to float32 and multiplied once, exactly as
+/// HuggingFace does (`inv_freq.float() @ position_ids.float()`), so every
+/// backend turns a pair by the very same float32 angle. The rounding of this
+/// product is the main error against an exact oracle and grows with position.
+ROPE_HOST_DEVICE inline float rope_angle(int64_t position, float inv_freq) {
+    return static_cast<float>(position) * inv_freq;
+}
+
+/// @brief Rotates (x, y) by the angle whose scaled cosine and sine are given.
+///
+/// Forward: (x cos - y sin, y cos + x sin), which is `x*cos + rotate_half(x)*sin`
+/// written per pair. The inverse passes -sin.
+ROPE_HOST_DEVICE inline void rotate_pair(float& x, float& y, float cos_angle, float sin_angle) {
+    const float rotated_x = x * cos_angle - y * sin_angle;
+    const float rotated_y = y * cos_angle + x * sin_angle;
+    x = rotated_x;
+    y = rotated_y;
+}
+
+}  // namespace rope

@@ -1,0 +1,75 @@
+#pragma once
+/// @file tensor.hpp
+/// @brief Non-owning views of q/k tensors: pointer, dtype, device, shape and strides.
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "rope/dtype.hpp"
+
+namespace rope {
+
+/// @brief Where a tensor's memory lives.
+enum class Device {
+    host,  ///< Ordinary CPU memory.
+    cuda,  ///< Memory of the current CUDA device (from cudaMalloc or equivalent).
+};
+
+/// @brief "host" or "cuda".
+constexpr std::string_view device_name(Device device) { return device == Device::host ? "host" : "cuda"; }
+
+/// @brief Order of the four axes of a q or k tensor in memory.
+enum class Layout {
+    bhsd,  ///< [batch, heads, seq, head_dim]: HuggingFace's layout after the transpose.
+    bshd,  ///< [batch, seq, heads, head_dim]: the layout straight out of the q/k projection.
+};
+
+/// @brief "bhsd" or "bshd".
+constexpr std::string_view layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
+
+/// @brief Sizes and strides of a q/k tensor in logical order (batch, heads, seq, dim),
+/// whatever its layout in memory. Strides count elements, not bytes.
+struct Geometry {
+    int64_t batch = 0;     ///< Number of sequences.
+    int64_t heads = 0;     ///< Number of attention heads.
+    int64_t seq = 0;       ///< Tokens per sequence.
+    int64_t head_dim = 0;  ///< Elements per head row.
+    int64_t stride_batch = 0;  ///< Elements between consecutive sequences.
+    int64_t stride_head = 0;   ///< Elements between consecutive heads.
+    int64_t stride_seq = 0;    ///< Elements between consecutive tokens.
+    int64_t stride_dim = 0;    ///< Elements between consecutive features (1 when rows are contiguous).
+
+    /// @brief Element offset of (b, h, s, d) from the start of the tensor.
+    ROPE_HOST_DEVICE int64_t offset(int64_t b, int64_t h, int64_t s, int64_t d) const {
+        return b * stride_batch + h * stride_head + s * stride_seq + d * stride_dim;
+    }
+    /// @brief Number of elements (batch * heads * seq * head_dim).
+    ROPE_HOST_DEVICE int64_t numel() const { return batch * heads * seq * head_dim; }
+};
+
+/// @brief A non-owning view of a 4-D q or k tensor.
+///
+/// `shape` and `strides` are given in the order the layout names: for
+/// Layout::bshd, shape = {batch, seq, heads, head_dim}. Strides are in
+/// elements and may describe padded or sliced (non-contiguous) memory.
+struct TensorView {
+    void* data = nullptr;                 ///< First element; may be null only when the view is empty.
+    DType dtype = DType::f32;             ///< Storage type of the elements.
+    Device device = Device::host;         ///< Where `data` points.
+    Layout layout = Layout::bhsd;         ///< Meaning of the four axes.
+    std::array<int64_t, 4> shape{};       ///< Sizes, in layout order.
+    std::array<int64_t, 4> strides{};     ///< Element strides, in layout order.
+
+    /// @brief A densely packed (row-major) view of @p shape in @p layout.
+    static TensorView contiguous(void* data, DType dtype, Device device, Layout layout,
+                                 std::array<int64_t, 4> shape);
+
+    /// @brief Sizes and strides re-ordered to (batch, heads, seq, dim).
+    Geometry geometry() const;
+
+    /// @brief Product of the four sizes (0 for an empty view).
+    int64_t numel() const { return shape[0] * shape[1] * shape[2] * shape[3]; }
+};
+
+}  // namespace rope

@@ -1,0 +1,122 @@
+// Buffer: owning host or CUDA memory. The only file of common/ that talks to
+// the CUDA runtime, and only when the build has CUDA.
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "rope/buffer.hpp"
+#include "rope/error.hpp"
+
+#if ROPE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace rope {
+namespace {
+
+#if ROPE_HAVE_CUDA
+// Turns a failed CUDA call into a rope::Error carrying CUDA's own text.
+void check_cuda(cudaError_t status, const char* call) {
+    if (status != cudaSuccess)
+        fail(call, cudaGetErrorName(status), cudaGetErrorString(status));
+}
+#endif
+
+}  // namespace
+
+Buffer::Buffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device) {
+    if (bytes == 0) return;
+    if (device == Device::host) {
+        data_ = std::malloc(bytes);
+        if (data_ == nullptr) fail("bytes", bytes, "host allocation failed");
+        return;
+    }
+#if ROPE_HAVE_CUDA
+    check_cuda(cudaMalloc(&data_, bytes), "cudaMalloc");
+#else
+    fail("device", "cuda", "this build of rope has no CUDA support");
+#endif
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), device_(other.device_) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+    if (this != &other) {
+        release();
+        data_ = std::exchange(other.data_, nullptr);
+        bytes_ = std::exchange(other.bytes_, 0);
+        device_ = other.device_;
+    }
+    return *this;
+}
+
+void Buffer::release() noexcept {
+    if (data_ == nullptr) return;
+    if (device_ == Device::host) std::free(data_);
+#if ROPE_HAVE_CUDA
+    else cudaFree(data_);  // A destructor cannot throw; a failure here surfaces at the next checked call.
+#endif
+    data_ = nullptr;
+}
+
+void Buffer::copy_from_host(const void* source) {
+    if (bytes_ == 0) return;
+    if (device_ == Device::host) {
+        std::memcpy(data_, source, bytes_);
+        return;
+    }
+#if ROPE_HAVE_CUDA
+    check_cuda(cudaMemcpy(data_, source, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy(host to device)");
+#endif
+}
+
+void Buffer::copy_to_host(void* destination) const {
+    if (bytes_ == 0) return;
+    if (device_ == Device::host) {
+        std::memcpy(destination, data_, bytes_);
+        return;
+    }
+#if ROPE_HAVE_CUDA
+    check_cuda(cudaMemcpy(destination, data_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy(device to host)");
+#endif
+}
+
+int cuda_device_count() {
+#if ROPE_HAVE_CUDA
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();  // Clear the sticky "no device" error so later calls start clean.
+        return 0;
+    }
+    return count;
+#else
+    return 0;
+#endif
+}
+
+std::string cuda_unavailable_reason() {
+#if ROPE_HAVE_CUDA
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+        cudaGetLastError();
+        return std::string("no CUDA device (") + cudaGetErrorString(status) + ")";
+    }
+    if (count == 0) return "no CUDA device";
+    return "";
+#else
+    return "built without CUDA (no nvcc found at configure time)";
+#endif
+}
+
+void cuda_synchronize() {
+#if ROPE_HAVE_CUDA
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+#endif
+}
+
+}  // namespace rope

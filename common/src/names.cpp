@@ -1,0 +1,23 @@
+// Parsing of the short names used on command lines and in configs.
+#include <string>
+
+#include "rope/config.hpp"
+#include "rope/dtype.hpp"
+#include "rope/error.hpp"
+
+namespace rope {
+
+DType parse_dtype(std::string_view name) {
+    if (name == "fp32" || name == "float32" || name == "f32") return DType::f32;
+    if (name == "fp16" || name == "float16" || name == "f16") return DType::f16;
+    if (name == "bf16" || name == "bfloat16") return DType::bf16;
+    fail("dtype", std::string(name), "expected fp32, fp16 or bf16");
+}
+
+Style parse_style(std::string_view name) {
+    if (name == "neox" || name == "half_split" || name == "half-split") return Style::half_split;
+    if (name == "gptj" || name == "interleaved") return Style::interleaved;
+    fail("style", std::string(name), "expected neox (half-split) or gptj (interleaved)");
+}
+
+}  // namespace rope

@@ -1,0 +1,69 @@
+// cpu-naive: RoPE as plain loops. This is the readable specification: every
+// other backend must produce what this one produces (up to float32 rounding).
+//
+// For every sequence b, head h, token s and pair i:
+//   angle = position(b, s) * theta_i            (float32, rope_angle)
+//   (x, y) = the pair's two features             (pair_elements)
+//   (x, y) <- (x cos - y sin, y cos + x sin)     (rotate_pair; sin negated for the inverse)
+// and the features past rotary_dim are copied through unchanged.
+#include <cmath>
+#include <memory>
+
+#include "backend_factories.hpp"
+#include "rope/rotation.hpp"
+
+namespace rope {
+namespace {
+
+// Rotates every head of one operand (q or k). Storage is the element type in memory.
+template <typename Storage>
+void rotate_operand(const Plan& plan, const Operand& operand) {
+    const auto* in = static_cast<const Storage*>(operand.in);
+    auto* out = static_cast<Storage*>(operand.out);
+    const Geometry& g = operand.in_geometry;
+    const Geometry& o = operand.out_geometry;
+    const float sign = plan.direction == Direction::forward ? 1.0f : -1.0f;
+    const float scale = plan.frequencies.attention_factor;
+
+    for (int64_t b = 0; b < g.batch; ++b) {
+        for (int64_t h = 0; h < g.heads; ++h) {
+            for (int64_t s = 0; s < g.seq; ++s) {
+                const int64_t position = plan.positions.at(b, s);
+                for (int64_t i = 0; i < plan.pairs; ++i) {
+                    const float angle = rope_angle(position, plan.frequencies.inv_freq[size_t(i)]);
+                    const float cos_angle = scale * std::cos(angle);
+                    const float sin_angle = sign * scale * std::sin(angle);
+                    const PairIndex pair = pair_elements(plan.style, plan.rotary_dim, i);
+                    // Read both features before writing either: the call may be in place.
+                    float x = to_float(in[g.offset(b, h, s, pair.first)]);
+                    float y = to_float(in[g.offset(b, h, s, pair.second)]);
+                    rotate_pair(x, y, cos_angle, sin_angle);
+                    out[o.offset(b, h, s, pair.first)] = from_float<Storage>(x);
+                    out[o.offset(b, h, s, pair.second)] = from_float<Storage>(y);
+                }
+                // Partial rotary: the remaining features pass through untouched.
+                for (int64_t d = plan.rotary_dim; d < g.head_dim; ++d)
+                    out[o.offset(b, h, s, d)] = in[g.offset(b, h, s, d)];
+            }
+        }
+    }
+}
+
+class NaiveCpuBackend final : public Backend {
+public:
+    std::string name() const override { return "cpu-naive"; }
+    Device device() const override { return Device::host; }
+    void run(const Plan& plan) override {
+        dispatch_dtype(plan.dtype, [&](auto storage) {
+            using Storage = decltype(storage);
+            rotate_operand<Storage>(plan, plan.q);
+            rotate_operand<Storage>(plan, plan.k);
+        });
+    }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_naive_backend() { return std::make_unique<NaiveCpuBackend>(); }
+
+}  // namespace rope
