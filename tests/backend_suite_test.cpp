@@ -1,0 +1,308 @@
+// The backend suite: every test here runs once per registered backend
+// (TEST_CASE_TEMPLATE_APPLY over AllBackends). Each draws fresh random inputs,
+// poisons outputs with NaN, and states its tolerance:
+//  - against the float64 oracle: relative L2 error and max abs error, which for
+//    float32 grow with position because the float32 angle position*theta is rounded;
+//  - against cpu-naive: far tighter, since all backends compute the same float32 angles.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "backend_tags.hpp"
+#include "support.hpp"
+
+using testing::Call;
+using testing::make_call;
+
+namespace {
+
+constexpr rope::Layout bhsd = rope::Layout::bhsd;
+constexpr rope::Layout bshd = rope::Layout::bshd;
+
+// Tight agreement between two backends computing the same float32 angles:
+// a few float32 ulps of values up to about 3 in magnitude.
+constexpr double agree_rel_l2 = 5e-7;
+constexpr double agree_max_abs = 4e-6;
+
+rope::RopeConfig config_of(int64_t head_dim, int64_t rotary_dim = 0, rope::Style style = rope::Style::half_split,
+                           double base = 10000.0) {
+    rope::RopeConfig config;
+    config.head_dim = head_dim;
+    config.rotary_dim = rotary_dim;
+    config.style = style;
+    config.base = base;
+    return config;
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel_tol, double abs_tol,
+                 const char* what) {
+    const oracle::ErrorStats stats = oracle::compare(got, want);
+    INFO(what << ": rel_l2 = " << stats.rel_l2 << " (tolerance " << rel_tol << "), max_abs = " << stats.max_abs
+              << " (tolerance " << abs_tol << "), non-finite = " << stats.non_finite);
+    CHECK(stats.non_finite == 0);
+    CHECK(stats.rel_l2 <= rel_tol);
+    CHECK(stats.max_abs <= abs_tol);
+}
+
+// Elements of storage outside the view (padding) must still hold the poison.
+bool padding_untouched(const testing::HostTensor& t) {
+    std::vector<bool> inside(t.storage.size(), false);
+    const int64_t units = rope::dtype_size(t.view.dtype) / 2;
+    const auto& v = t.view;
+    for (int64_t a = 0; a < v.shape[0]; ++a)
+        for (int64_t b = 0; b < v.shape[1]; ++b)
+            for (int64_t c = 0; c < v.shape[2]; ++c)
+                for (int64_t d = 0; d < v.shape[3]; ++d) {
+                    const int64_t e = a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3];
+                    for (int64_t u = 0; u < units; ++u) inside[size_t(e * units + u)] = true;
+                }
+    testing::HostTensor poisoned = t;
+    poisoned.poison();
+    for (size_t i = 0; i < t.storage.size(); ++i)
+        if (!inside[i] && t.storage[i] != poisoned.storage[i]) return false;
+    return true;
+}
+
+// Runs `call` on the backend and on cpu-naive; checks both against the oracle
+// and against each other. Returns false when the backend was skipped.
+void check_call(rope::Backend& backend, Call call, double oracle_rel, double oracle_abs) {
+    CAPTURE(testing::seed());
+    const testing::Expected want = testing::oracle_for(call);
+    Call reference = call;
+    testing::run(backend, call);
+    check_close(call.q_result().values(), want.q, oracle_rel, oracle_abs, "q vs float64 oracle");
+    check_close(call.k_result().values(), want.k, oracle_rel, oracle_abs, "k vs float64 oracle");
+    if (!call.in_place) {
+        CHECK_MESSAGE(padding_untouched(call.q_out), "q_out padding was written");
+        CHECK_MESSAGE(padding_untouched(call.k_out), "k_out padding was written");
+    }
+    if (backend.name() != "cpu-naive") {
+        auto naive = rope::make_backend("cpu-naive");
+        testing::run(*naive, reference);
+        check_close(call.q_result().values(), reference.q_result().values(), agree_rel_l2, agree_max_abs,
+                    "q vs cpu-naive");
+        check_close(call.k_result().values(), reference.k_result().values(), agree_rel_l2, agree_max_abs,
+                    "k vs cpu-naive");
+    }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("founding example: [4 8 256 64] fp32 half-split matches the oracle", B, founding) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // The float32 rounding of position*theta alone gives about 1e-6 at seq 256.
+    const rope::RopeConfig config = config_of(64);
+    check_call(*backend, make_call(config, rope::DType::f32, bhsd, {4, 8, 256, 64}, {4, 8, 256, 64}), 2e-6,
+               testing::fp32_max_abs(256));
+}
+TEST_CASE_TEMPLATE_APPLY(founding, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("styles x layouts x partial rotary x grouped-query heads", B, feature_matrix) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    struct Dims {
+        int64_t head_dim, rotary_dim;
+    };
+    // 128/64/2: the common, partial and smallest heads; 34 (17 pairs) and 40/24 defeat any vector width.
+    const Dims dims[] = {{128, 0}, {64, 32}, {2, 0}, {34, 0}, {40, 24}, {64, 8}};
+    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+        for (rope::Layout layout : {bhsd, bshd}) {
+            for (const Dims& d : dims) {
+                CAPTURE(rope::style_name(style));
+                CAPTURE(rope::layout_name(layout));
+                CAPTURE(d.head_dim);
+                CAPTURE(d.rotary_dim);
+                const rope::RopeConfig config = config_of(d.head_dim, d.rotary_dim, style);
+                // q has 6 heads and k 2 (grouped-query attention), in layout order.
+                const std::array<int64_t, 4> q_shape = layout == bhsd ? std::array<int64_t, 4>{2, 6, 19, d.head_dim}
+                                                                      : std::array<int64_t, 4>{2, 19, 6, d.head_dim};
+                std::array<int64_t, 4> k_shape = q_shape;
+                k_shape[layout == bhsd ? 1 : 2] = 2;
+                check_call(*backend, make_call(config, rope::DType::f32, layout, q_shape, k_shape),
+                           testing::fp32_tolerance(19), testing::fp32_max_abs(19));
+            }
+        }
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(feature_matrix, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("strided views: padded rows and heads, spaced features", B, strided) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+        CAPTURE(rope::style_name(style));
+        const rope::RopeConfig config = config_of(64, 48, style);
+        // Padding of 3 elements after every row and head block, features 2 apart.
+        check_call(*backend, make_call(config, rope::DType::f32, bshd, {2, 9, 4, 64}, {2, 9, 2, 64}, 3, 2),
+                   testing::fp32_tolerance(9), testing::fp32_max_abs(9));
+        // Input padded, output dense: different strides in and out.
+        Call call = make_call(config, rope::DType::f32, bhsd, {2, 4, 9, 64}, {2, 4, 9, 64}, 5);
+        call.q_out = testing::HostTensor::make(rope::DType::f32, bhsd, {2, 4, 9, 64});
+        call.k_out = testing::HostTensor::make(rope::DType::f32, bhsd, {2, 4, 9, 64});
+        call.q_out.poison();
+        call.k_out.poison();
+        check_call(*backend, call, testing::fp32_tolerance(9), testing::fp32_max_abs(9));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(strided, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("positions: start offset, shared ids, per-sequence ids", B, positions) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    const rope::RopeConfig config = config_of(128, 0, rope::Style::half_split, 500000.0);
+    SUBCASE("decode: one token at offset 5000, 32 query heads, 8 key heads") {
+        Call call = make_call(config, rope::DType::f32, bhsd, {3, 32, 1, 128}, {3, 8, 1, 128});
+        call.offset = 5000;
+        check_call(*backend, call, testing::fp32_tolerance(5001), testing::fp32_max_abs(5001));
+    }
+    SUBCASE("one row of ids shared by the batch") {
+        Call call = make_call(config, rope::DType::f32, bshd, {2, 16, 4, 128}, {2, 16, 4, 128});
+        std::uniform_int_distribution<int64_t> id(0, 8191);
+        for (int s = 0; s < 16; ++s) call.ids.push_back(id(testing::rng()));
+        call.id_rows = 1;
+        check_call(*backend, call, testing::fp32_tolerance(8192), testing::fp32_max_abs(8192));
+    }
+    SUBCASE("one row of ids per sequence") {
+        Call call = make_call(config, rope::DType::f32, bhsd, {3, 4, 16, 128}, {3, 2, 16, 128});
+        std::uniform_int_distribution<int64_t> id(0, 8191);
+        for (int i = 0; i < 3 * 16; ++i) call.ids.push_back(id(testing::rng()));
+        call.id_rows = 3;
+        check_call(*backend, call, testing::fp32_tolerance(8192), testing::fp32_max_abs(8192));
+    }
+    SUBCASE("long context: positions near 100000") {
+        Call call = make_call(config, rope::DType::f32, bhsd, {1, 4, 32, 128}, {1, 4, 32, 128});
+        call.offset = 100000;
+        check_call(*backend, call, testing::fp32_tolerance(100032), testing::fp32_max_abs(100032));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(positions, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("fp16 and bf16 storage with float32 arithmetic", B, half_types) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    struct Case {
+        rope::DType dtype;
+        double oracle_rel;   // Dominated by rounding the output to the storage type.
+        double ulp;          // One unit in the last place, relative (2^-7 bf16, 2^-10 fp16).
+    };
+    for (const Case& c : {Case{rope::DType::bf16, 4e-3, 1.0 / 128}, Case{rope::DType::f16, 5e-4, 1.0 / 1024}}) {
+        for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+            CAPTURE(rope::dtype_name(c.dtype));
+            CAPTURE(rope::style_name(style));
+            CAPTURE(testing::seed());
+            const rope::RopeConfig config = config_of(128, 96, style);
+            Call call = make_call(config, c.dtype, bhsd, {2, 8, 33, 128}, {2, 4, 33, 128});
+            Call reference = call;
+            const testing::Expected want = testing::oracle_for(call);
+            testing::run(*backend, call);
+            check_close(call.q_result().values(), want.q, c.oracle_rel, 4 * c.ulp * 3, "q vs oracle");
+            check_close(call.k_result().values(), want.k, c.oracle_rel, 4 * c.ulp * 3, "k vs oracle");
+            // Against cpu-naive: the float32 results differ by float32 rounding only,
+            // so after rounding to storage every element is within one storage ulp.
+            auto naive = rope::make_backend("cpu-naive");
+            testing::run(*naive, reference);
+            const auto got = call.q_result().values(), ref = reference.q_result().values();
+            long beyond_one_ulp = 0;
+            for (size_t i = 0; i < got.size(); ++i)
+                if (!(std::fabs(got[i] - ref[i]) <= c.ulp * std::fabs(ref[i]) + 1e-30)) ++beyond_one_ulp;
+            CHECK(beyond_one_ulp == 0);
+        }
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(half_types, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("inverse rotation undoes the forward one and matches the oracle", B, inverse) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+        CAPTURE(rope::style_name(style));
+        CAPTURE(testing::seed());
+        const rope::RopeConfig config = config_of(64, 0, style);
+        Call forward = make_call(config, rope::DType::f32, bhsd, {2, 4, 64, 64}, {2, 2, 64, 64});
+        const auto original_q = forward.q.values(), original_k = forward.k.values();
+        testing::run(*backend, forward);
+        // Feed the rotated tensors back through the inverse.
+        Call back = forward;
+        back.q = forward.q_out;
+        back.k = forward.k_out;
+        back.q_out.poison();
+        back.k_out.poison();
+        back.direction = rope::Direction::inverse;
+        testing::run(*backend, back);
+        check_close(back.q_out.values(), original_q, 1e-6, 5e-6, "inverse(forward(q)) vs q");
+        check_close(back.k_out.values(), original_k, 1e-6, 5e-6, "inverse(forward(k)) vs k");
+        // The inverse on its own is the rotation by -angle.
+        Call alone = make_call(config, rope::DType::f32, bhsd, {1, 4, 64, 64}, {1, 4, 64, 64});
+        alone.direction = rope::Direction::inverse;
+        check_call(*backend, alone, testing::fp32_tolerance(64), testing::fp32_max_abs(64));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(inverse, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("in place gives exactly the out-of-place result", B, in_place) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16}) {
+        CAPTURE(rope::dtype_name(dtype));
+        CAPTURE(testing::seed());
+        const rope::RopeConfig config = config_of(128, 0, rope::Style::half_split);
+        Call out_of_place = make_call(config, dtype, bshd, {2, 40, 8, 128}, {2, 40, 2, 128});
+        Call in_place = out_of_place;
+        in_place.in_place = true;
+        testing::run(*backend, out_of_place);
+        testing::run(*backend, in_place);
+        CHECK(out_of_place.q_out.storage == in_place.q.storage);
+        CHECK(out_of_place.k_out.storage == in_place.k.storage);
+        // And it is the right result, not just the same one.
+        const testing::Expected want = testing::oracle_for(out_of_place);
+        check_close(in_place.q.values(), want.q, dtype == rope::DType::f32 ? testing::fp32_tolerance(40) : 4e-3,
+                    dtype == rope::DType::f32 ? testing::fp32_max_abs(40) : 0.1, "in-place q vs oracle");
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(in_place, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("empty tensors are a valid no-op; q alone when k has no heads", B, empty) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    const rope::RopeConfig config = config_of(64);
+    for (std::array<int64_t, 4> shape : {std::array<int64_t, 4>{0, 4, 8, 64}, std::array<int64_t, 4>{2, 4, 0, 64},
+                                         std::array<int64_t, 4>{2, 0, 8, 64}}) {
+        Call call = make_call(config, rope::DType::f32, bhsd, shape, shape);
+        CHECK_NOTHROW(testing::run(*backend, call));
+    }
+    // k with zero heads: only q is rotated.
+    Call q_only = make_call(config, rope::DType::f32, bhsd, {2, 4, 8, 64}, {2, 0, 8, 64});
+    check_call(*backend, q_only, testing::fp32_tolerance(8), testing::fp32_max_abs(8));
+}
+TEST_CASE_TEMPLATE_APPLY(empty, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("bad input is rejected and leaves the outputs untouched", B, rejected) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    const rope::RopeConfig good = config_of(64);
+    SUBCASE("odd rotary_dim") {
+        Call call = make_call(config_of(64, 31), rope::DType::f32, bhsd, {1, 2, 4, 64}, {1, 2, 4, 64});
+        const auto before_q = call.q_out.storage, before_k = call.k_out.storage;
+        CHECK_THROWS_WITH_AS(testing::run(*backend, call), doctest::Contains("rotary_dim = 31"), rope::Error);
+        CHECK(call.q_out.storage == before_q);
+        CHECK(call.k_out.storage == before_k);
+    }
+    SUBCASE("positions of the wrong length") {
+        Call call = make_call(good, rope::DType::f32, bhsd, {1, 2, 4, 64}, {1, 2, 4, 64});
+        call.ids = {0, 1, 2};
+        call.id_rows = 1;
+        const auto before_q = call.q_out.storage;
+        CHECK_THROWS_WITH_AS(testing::run(*backend, call), doctest::Contains("positions.length = 3"), rope::Error);
+        CHECK(call.q_out.storage == before_q);
+    }
+    SUBCASE("in place with the inputs unchanged on error") {
+        Call call = make_call(config_of(32), rope::DType::f32, bhsd, {1, 2, 4, 64}, {1, 2, 4, 64});
+        call.in_place = true;
+        const auto before_q = call.q.storage;
+        CHECK_THROWS_WITH_AS(testing::run(*backend, call), doctest::Contains("q head_dim = 64"), rope::Error);
+        CHECK(call.q.storage == before_q);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(rejected, AllBackends);

@@ -1,0 +1,50 @@
+// The registry: every backend listed, unavailable ones with a reason, and the
+// parameterised suite's backend list kept in step with it.
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+
+#include "backend_tags.hpp"
+#include "rope/rope.hpp"
+
+TEST_CASE("the registry lists the four backends in teaching order") {
+    const auto backends = rope::list_backends();
+    REQUIRE(backends.size() == 4);
+    CHECK(backends[0].name == "cpu-naive");
+    CHECK(backends[1].name == "cpu-eigen");
+    CHECK(backends[2].name == "cuda-naive");
+    CHECK(backends[3].name == "cuda-optimized");
+    for (const auto& info : backends) {
+        CAPTURE(info.name);
+        CHECK(!info.description.empty());
+        // An unavailable backend always says why; an available one can be created.
+        if (info.available) {
+            CHECK(info.reason.empty());
+            CHECK(rope::make_backend(info.name)->name() == info.name);
+        } else {
+            CHECK(!info.reason.empty());
+            CHECK_THROWS_WITH_AS(rope::make_backend(info.name), doctest::Contains(info.reason.c_str()), rope::Error);
+        }
+    }
+    CHECK(rope::backend_info("cpu-naive").available);
+}
+
+TEST_CASE("every registered backend is in the parameterised suite") {
+    std::set<std::string> tested(std::begin(tested_backend_names), std::end(tested_backend_names));
+    std::set<std::string> registered;
+    for (const auto& info : rope::list_backends()) registered.insert(info.name);
+    CHECK(tested == registered);
+}
+
+TEST_CASE("CUDA backends on a machine without a GPU say so") {
+    if (rope::cuda_device_count() > 0) {
+        CHECK(rope::backend_info("cuda-optimized").available);
+        return;
+    }
+    const auto info = rope::backend_info("cuda-naive");
+    CHECK_FALSE(info.available);
+    const bool explained = info.reason.find("no CUDA device") != std::string::npos ||
+                           info.reason.find("built without CUDA") != std::string::npos;
+    CHECK_MESSAGE(explained, info.reason);
+}
