@@ -109,7 +109,7 @@ std::string cuda_unavailable_reason() {
     if (count == 0) return "no CUDA device";
     return "";
 #else
-    return "built without CUDA (no nvcc found at configure time)";
+    return "built without CUDA (no nvcc at configure time, or ROPE_ENABLE_CUDA=OFF)";
 #endif
 }
 
