@@ -103,13 +103,14 @@ Staged stage(const HostTensor& host) {
 
 }  // namespace
 
-void run(rope::Backend& backend, Call& call) {
+void run(rope::Backend& backend, Call& call, const std::function<void(rope::RopeArgs&)>& adjust) {
     rope::Positions positions = call.positions();
     if (backend.device() == rope::Device::host) {
-        const rope::RopeArgs args = call.in_place
+        rope::RopeArgs args = call.in_place
                                         ? rope::RopeArgs::in_place(call.q.view, call.k.view, positions, call.direction)
                                         : rope::RopeArgs::out_of_place(call.q.view, call.k.view, call.q_out.view,
                                                                        call.k_out.view, positions, call.direction);
+        if (adjust) adjust(args);
         rope::apply(backend, call.config, args);
         return;
     }
@@ -121,10 +122,11 @@ void run(rope::Backend& backend, Call& call) {
         positions.ids = static_cast<const int64_t*>(ids.data());
         positions.device = rope::Device::cuda;
     }
-    const rope::RopeArgs args = call.in_place
-                                    ? rope::RopeArgs::in_place(q.view, k.view, positions, call.direction)
-                                    : rope::RopeArgs::out_of_place(q.view, k.view, q_out.view, k_out.view, positions,
-                                                                   call.direction);
+    rope::RopeArgs args = call.in_place
+                              ? rope::RopeArgs::in_place(q.view, k.view, positions, call.direction)
+                              : rope::RopeArgs::out_of_place(q.view, k.view, q_out.view, k_out.view, positions,
+                                                             call.direction);
+    if (adjust) adjust(args);
     // Copy the outputs back even when the call is rejected, so tests can see
     // that a rejected call left the device memory untouched.
     auto copy_back = [&] {

@@ -3,6 +3,7 @@
 // backend list for parameterised tests, and running a backend on host data
 // (staging through device memory for CUDA backends).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -76,7 +77,10 @@ Call make_call(const rope::RopeConfig& config, rope::DType dtype, rope::Layout l
 // Runs the call on `backend`. Host backends work on the host tensors directly;
 // CUDA backends get device copies of every tensor (padding included) and the
 // results are copied back, so tests see the device's writes byte for byte.
-void run(rope::Backend& backend, Call& call);
+// `adjust`, if given, edits the final arguments just before rope::apply (after
+// staging), so tests can hand a backend deliberately wrong arguments, e.g. a
+// host pointer for a CUDA backend.
+void run(rope::Backend& backend, Call& call, const std::function<void(rope::RopeArgs&)>& adjust = {});
 
 // The backend, or null after printing "ROPE_SKIPPED <name>: <reason>" (CTest
 // reports the test as skipped when it sees that text).
