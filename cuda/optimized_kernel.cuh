@@ -1,0 +1,287 @@
+#pragma once
+/// @file optimized_kernel.cuh
+/// @brief cuda-optimized's kernel and launch logic (internal to the CUDA backends).
+///
+/// RoPE does a handful of flops per element against 4 to 16 bytes of traffic
+/// (read once, written once), so its ceiling is a device-to-device copy of the
+/// same bytes. Reaching that ceiling takes four things, each marked below:
+///
+///  1. Wide, coalesced accesses. A thread moves its piece of a row (a "chunk")
+///     with 16-byte loads and stores, and neighbouring threads take
+///     neighbouring chunks, so a warp reads whole 32-byte sectors with a
+///     quarter of the instructions 4-byte accesses would need
+///     (row_access.cuh: VectorPath).
+///  2. cos/sin computed once, reused across heads. A thread owns fixed pairs of
+///     one token; it computes their cos/sin once (accurate sincosf, kept in
+///     registers) and applies them to every head row of q and then of k that
+///     it visits. cuda-naive instead recomputes them for every head.
+///  3. Bytes in flight. DRAM answers after about a microsecond; to keep
+///     4.8 TB/s busy each SM needs tens of kilobytes requested at once. A
+///     thread therefore loads Path::kRowsInFlight rows (the default) before it uses the first, and
+///     issues its first loads before it computes sincosf, so that the
+///     arithmetic hides under the memory latency.
+///  4. A grid shaped for both regimes. Long sequences: many short-lived
+///     blocks, several waves over all SMs, so the tail is short. Decode (one
+///     token, many heads): the heads are split over many small blocks, so the
+///     few kilobytes are fetched by many SMs at once and no thread idles.
+///
+/// Indices are int64 throughout: q tensors beyond 2^31 elements are routine
+/// at long context, and 32-bit index overflow is a bug that shipped in
+/// several public RoPE kernels.
+///
+/// The backend (optimized_backend.cu) launches this with LaunchTuning's
+/// defaults; rope-cuda-self-check --tune times other settings against them.
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "check.hpp"
+#include "kernel_args.cuh"
+#include "row_access.cuh"
+
+namespace rope::cuda_detail {
+
+/// Largest block the kernel is compiled for (its __launch_bounds__).
+inline constexpr int kMaxBlockThreads = 256;
+
+/// @brief The launch-shape choices of cuda-optimized (see 4. above); defaults are the backend's.
+struct LaunchTuning {
+    /// Threads per block when the work fills the GPU (at most kMaxBlockThreads):
+    /// 8 resident blocks of 256 would fill an SM's 2048 thread slots.
+    int block_threads = 256;
+    /// Threads per block below one wave of work: small blocks spread a small problem over more SMs.
+    int small_block_threads = 64;
+    /// Most head rows a thread visits per token: more rows share each sincosf,
+    /// fewer give more, shorter-lived threads and so a shorter tail.
+    int64_t max_rows_per_slice = 16;
+    /// Waves of resident threads the bandwidth regime aims for (how rows per slice is chosen).
+    int64_t target_waves = 4;
+    /// Order of units: false = token-major (a block's threads share tokens and
+    /// walk neighbouring heads), true = slice-major (a block's threads take
+    /// neighbouring tokens of the same heads, which are adjacent in bhsd memory).
+    bool slice_major = false;
+};
+
+/// @brief Everything the kernel needs, passed by value (kernel_args.cuh says why).
+///
+/// Work decomposition: the head rows of a token (q's heads, then k's) are cut
+/// into `slices` of `rows_per_slice` consecutive rows; a *unit* is one
+/// (token, slice). Threads with the same threadIdx.y share a unit, and
+/// threadIdx.x picks the chunk of the row: rotating chunks first, then
+/// pass-through chunks.
+template <int Capacity>
+struct OptimizedArgs {
+    Operand operands[2];       ///< [0] = q, [1] = k (k may have no heads).
+    PositionSource positions;  ///< Offset, or device-resident ids.
+    FrequencyArgs<Capacity> freq;
+    Style style;
+    bool slice_major;          ///< LaunchTuning::slice_major.
+    int64_t seq;
+    int64_t tokens;            ///< batch * seq.
+    int64_t rotary_dim;
+    int64_t q_heads;           ///< Rows [0, q_heads) of a token are q's heads, the rest k's.
+    int64_t rows;              ///< q heads + k heads.
+    int64_t rotary_chunks;     ///< Chunks of a row that rotate.
+    int64_t chunks;            ///< Rotating plus pass-through chunks (none when nothing needs copying).
+    int64_t rows_per_slice;
+    int64_t slices;
+    int64_t units;             ///< tokens * slices.
+};
+
+/// Input and output of row @p row (a q head, or a k head after q's) of token (b, s).
+template <typename Storage, int Capacity>
+__device__ inline RowRef<Storage> locate_row(const OptimizedArgs<Capacity>& args, int64_t row, int64_t b,
+                                             int64_t s) {
+    const int which = row < args.q_heads ? 0 : 1;
+    const Operand& operand = args.operands[which];
+    const int64_t h = which == 0 ? row : row - args.q_heads;
+    return {static_cast<const Storage*>(operand.in) + operand.in_geometry.offset(b, h, s, 0),
+            static_cast<Storage*>(operand.out) + operand.out_geometry.offset(b, h, s, 0),
+            operand.in_geometry.stride_dim, operand.out_geometry.stride_dim};
+}
+
+/// True when row @p row's operand is rotated in place (its pass-through needs no copy).
+template <int Capacity>
+__device__ inline bool in_place(const OptimizedArgs<Capacity>& args, int64_t row) {
+    const Operand& operand = args.operands[row < args.q_heads ? 0 : 1];
+    return operand.in == operand.out;
+}
+
+/// Rotates chunk @p chunk of rows [row_begin, row_end) of token (b, s).
+template <typename Storage, typename Path, int RowsInFlight, int Capacity>
+__device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, int64_t b, int64_t s, int64_t row_begin,
+                                   int64_t row_end, int64_t chunk) {
+    typename Path::Pairs data[RowsInFlight];
+    RowRef<Storage> rows[RowsInFlight];
+    // All loads of a batch go out before any of them is needed (3. above).
+    auto load_batch = [&](int64_t first) {
+#pragma unroll
+        for (int u = 0; u < RowsInFlight; ++u) {
+            if (first + u < row_end) {
+                rows[u] = locate_row<Storage>(args, first + u, b, s);
+                data[u] = Path::load(rows[u], chunk, args.style, args.rotary_dim);
+            }
+        }
+    };
+    load_batch(row_begin);
+
+    // cos/sin of this thread's pairs at this token: computed once, here, while
+    // the first loads are in flight, then reused for every row below (2. above).
+    const int64_t position = args.positions.at(b, s);
+    float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
+#pragma unroll
+    for (int p = 0; p < Path::kPairs; ++p)
+        rotation_factors(args.freq, position, chunk * Path::kPairs + p, cos_angle[p], sin_angle[p]);
+
+    for (int64_t first = row_begin;;) {
+#pragma unroll
+        for (int u = 0; u < RowsInFlight; ++u) {
+            if (first + u < row_end) {
+                Path::rotate(data[u], cos_angle, sin_angle);
+                Path::store(rows[u], chunk, args.style, args.rotary_dim, data[u]);
+            }
+        }
+        first += RowsInFlight;
+        if (first >= row_end) break;
+        load_batch(first);
+    }
+}
+
+/// Copies pass-through chunk @p pass_chunk of rows [row_begin, row_end) of token (b, s),
+/// skipping rows rotated in place (their pass-through features already are where they belong).
+template <typename Storage, typename Path, int RowsInFlight, int Capacity>
+__device__ inline void copy_rows(const OptimizedArgs<Capacity>& args, int64_t b, int64_t s, int64_t row_begin,
+                                 int64_t row_end, int64_t pass_chunk) {
+    const int64_t feature = args.rotary_dim + pass_chunk * Path::kPassElements;
+    for (int64_t first = row_begin; first < row_end; first += RowsInFlight) {
+        decltype(Path::load_pass(RowRef<Storage>{}, 0)) data[RowsInFlight];
+        RowRef<Storage> rows[RowsInFlight];
+        bool copy[RowsInFlight];
+#pragma unroll
+        for (int u = 0; u < RowsInFlight; ++u) {
+            copy[u] = first + u < row_end && !in_place(args, first + u);
+            if (copy[u]) {
+                rows[u] = locate_row<Storage>(args, first + u, b, s);
+                data[u] = Path::load_pass(rows[u], feature);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < RowsInFlight; ++u)
+            if (copy[u]) Path::store_pass(rows[u], feature, data[u]);
+    }
+}
+
+/// @brief The kernel: block (chunks, units); each thread one chunk of one unit's rows.
+///
+/// __launch_bounds__ promises the compiler that no block exceeds
+/// kMaxBlockThreads and, with MinBlocksPerSM > 1, asks it to fit that many
+/// such blocks per SM, capping registers (4 blocks: 64 registers a thread).
+/// Fewer registers mean more resident threads, hence more bytes in flight, as
+/// long as nothing spills. __grid_constant__ lets device functions take
+/// references into the parameters without a per-thread copy to local memory.
+template <typename Storage, typename Path, int RowsInFlight, int Capacity, int MinBlocksPerSM>
+__global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
+    rope_optimized_kernel(const __grid_constant__ OptimizedArgs<Capacity> args) {
+    const int64_t step = int64_t(gridDim.x) * blockDim.y;
+    for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
+        const int64_t token = args.slice_major ? unit % args.tokens : unit / args.slices;
+        const int64_t slice = args.slice_major ? unit / args.tokens : unit % args.slices;
+        const int64_t row_begin = slice * args.rows_per_slice;
+        const int64_t row_end = row_begin + args.rows_per_slice < args.rows ? row_begin + args.rows_per_slice : args.rows;
+        const int64_t b = token / args.seq;
+        const int64_t s = token % args.seq;
+        for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
+            if (chunk < args.rotary_chunks)
+                rotate_rows<Storage, Path, RowsInFlight>(args, b, s, row_begin, row_end, chunk);
+            else
+                copy_rows<Storage, Path, RowsInFlight>(args, b, s, row_begin, row_end, chunk - args.rotary_chunks);
+        }
+    }
+}
+
+/// True when @p address is a multiple of 16 bytes.
+inline bool aligned16(const void* address) { return reinterpret_cast<uintptr_t>(address) % 16 == 0; }
+
+/// True when every row of @p g starting at @p data is contiguous and 16-byte aligned.
+template <typename Storage>
+bool rows_vectorizable(const void* data, const Geometry& g) {
+    if (g.stride_dim != 1 || !aligned16(data)) return false;
+    // A stride matters only along an axis with more than one index.
+    const int64_t axes[3][2] = {{g.batch, g.stride_batch}, {g.heads, g.stride_head}, {g.seq, g.stride_seq}};
+    for (const auto& axis : axes)
+        if (axis[0] > 1 && (axis[1] * int64_t(sizeof(Storage))) % 16 != 0) return false;
+    return true;
+}
+
+/// @brief Whether the 16-byte path can run @p plan (otherwise the generic path does).
+template <typename Storage, Style kStyle>
+bool vector_path_fits(const Plan& plan) {
+    using Path = VectorPath<Storage, kStyle>;
+    // Whole chunks only: the rotary part in chunks of kPairs pairs, the
+    // pass-through part in whole vectors (it then starts 16-byte aligned too).
+    if (plan.pairs % Path::kPairs != 0) return false;
+    if ((plan.head_dim - plan.rotary_dim) % Path::kPassElements != 0) return false;
+    for (const Operand* operand : {&plan.q, &plan.k}) {
+        if (operand->in_geometry.heads == 0) continue;
+        if (!rows_vectorizable<Storage>(operand->in, operand->in_geometry)) return false;
+        if (!rows_vectorizable<Storage>(operand->out, operand->out_geometry)) return false;
+    }
+    return true;
+}
+
+/// Largest power of two <= @p value, for value >= 1.
+inline int64_t floor_power_of_two(int64_t value) {
+    int64_t power = 1;
+    while (power * 2 <= value) power *= 2;
+    return power;
+}
+
+/// @brief Builds the kernel arguments and grid for @p plan and launches on plan.stream.
+/// @param multiprocessors SMs of the current device
+template <typename Storage, typename Path, int RowsInFlight, int Capacity, int MinBlocksPerSM>
+void launch_optimized(const Plan& plan, int multiprocessors, const LaunchTuning& tuning) {
+    OptimizedArgs<Capacity> args{};
+    args.operands[0] = plan.q;
+    args.operands[1] = plan.k;
+    args.positions = plan.positions;
+    args.freq = make_frequency_args<Capacity>(plan);
+    args.style = plan.style;
+    args.slice_major = tuning.slice_major;
+    args.seq = plan.seq;
+    args.tokens = plan.batch * plan.seq;
+    args.rotary_dim = plan.rotary_dim;
+    args.q_heads = plan.q.in_geometry.heads;
+    args.rows = plan.q.in_geometry.heads + plan.k.in_geometry.heads;
+    args.rotary_chunks = plan.pairs / Path::kPairs;
+    // Pass-through features need copying only into a separate output.
+    const bool copy_needed = (plan.q.in_geometry.heads > 0 && plan.q.in != plan.q.out) ||
+                             (plan.k.in_geometry.heads > 0 && plan.k.in != plan.k.out);
+    const int64_t pass_chunks = copy_needed ? (plan.head_dim - plan.rotary_dim) / Path::kPassElements : 0;
+    args.chunks = args.rotary_chunks + pass_chunks;
+    if (args.tokens == 0 || args.rows == 0) return;
+
+    // Grid shape (4. above): block_x threads cover a row's chunks.
+    const int64_t block_x = std::min<int64_t>(args.chunks, tuning.block_threads);
+    const int64_t resident_threads = int64_t(multiprocessors) * 2048;  // Thread slots of the whole GPU.
+    // Rows per thread: as many as still leave target_waves waves of threads
+    // (a short tail), at most max_rows_per_slice; decode-sized problems get one
+    // row per thread, the most parallelism. Powers of two keep the batches of
+    // RowsInFlight rows whole.
+    const int64_t thread_rows = args.tokens * args.rows * block_x;
+    const int64_t wanted = thread_rows / (resident_threads * tuning.target_waves);
+    args.rows_per_slice = floor_power_of_two(std::clamp<int64_t>(wanted, 1, tuning.max_rows_per_slice));
+    args.slices = (args.rows + args.rows_per_slice - 1) / args.rows_per_slice;
+    args.units = args.tokens * args.slices;
+    // Less than one wave of threads: the launch is latency-bound, so small
+    // blocks let many SMs fetch a few kilobytes each.
+    const int threads = args.units * block_x >= resident_threads ? tuning.block_threads : tuning.small_block_threads;
+    const int64_t block_y = std::max<int64_t>(1, threads / block_x);
+    const int64_t blocks = (args.units + block_y - 1) / block_y;
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)));  // The unit loop covers the rest.
+    const dim3 block(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
+    rope_optimized_kernel<Storage, Path, RowsInFlight, Capacity, MinBlocksPerSM><<<grid, block, 0, stream_of(plan)>>>(args);
+    check_launch("rope_optimized_kernel");
+}
+
+}  // namespace rope::cuda_detail
