@@ -5,6 +5,7 @@
 #include <complex>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 
 namespace oracle {
 
@@ -61,6 +62,11 @@ std::vector<double> values(const rope::TensorView& view) {
 
 std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorView& x,
                            const rope::Positions& positions, rope::Direction direction) {
+    // The oracle's independence is in the rotation; the other scaling types'
+    // frequencies are checked against HuggingFace's own (tests/scaling_test.cpp),
+    // so refuse them here rather than silently rotating with unscaled ones.
+    if (config.scaling.type != rope::ScalingType::none && config.scaling.type != rope::ScalingType::linear)
+        throw std::invalid_argument("oracle::rotate supports scaling none and linear only");
     const Sizes n = sizes_of(x);
     const long rotary = config.rotary_dim == 0 ? config.head_dim : config.rotary_dim;
     const long half = rotary / 2;

@@ -3,7 +3,9 @@
 /// @brief What a model's RoPE is: pairing style, dimensions, base and scaling.
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
+#include <vector>
 
 namespace rope {
 
@@ -33,15 +35,94 @@ enum class Direction {
 };
 
 /// @brief How the inverse frequencies are rescaled for context extension.
+///
+/// The names and formulas are HuggingFace transformers' (`rope_type` in a
+/// model config, computed as in `modeling_rope_utils.py`), because that is
+/// what checkpoints were trained against. Every variant only changes the
+/// FrequencyTable (theta_i and the attention factor), so every backend
+/// supports every variant without code of its own.
 enum class ScalingType {
-    none,    ///< theta_i = base^(-2i/rotary_dim), as in RoFormer.
-    linear,  ///< Position interpolation: every inverse frequency divided by `factor`.
+    none,     ///< `default`: theta_i = base^(-2i/rotary_dim), as in RoFormer.
+    linear,   ///< Position interpolation: every theta_i divided by `factor`.
+    /// Dynamic NTK: once a call's positions reach past
+    /// `original_max_position_embeddings`, the base grows with the length
+    /// (base * (factor * len / original - (factor - 1))^(d / (d - 2))); shorter
+    /// calls get the unscaled frequencies.
+    dynamic,
+    /// YaRN: a linear ramp over the pairs between extrapolated (unscaled,
+    /// high-frequency) and interpolated (divided by `factor`, low-frequency)
+    /// theta_i, plus an attention factor on cos and sin (0.1 ln(factor) + 1 by default).
+    yarn,
+    /// Llama 3.1: pairs whose wavelength is short stay, long ones are divided by
+    /// `factor`, and the band between is interpolated smoothly.
+    llama3,
+    /// LongRoPE (Phi-3): theta_i divided by a per-pair factor, taken from
+    /// `long_factor` when the call reaches past `original_max_position_embeddings`
+    /// and from `short_factor` otherwise, plus an attention factor.
+    longrope,
 };
 
-/// @brief Frequency scaling parameters, named as in a HuggingFace model config.
+/// @brief The `rope_type` string of @p type as HuggingFace spells it ("default" for none).
+std::string_view scaling_type_name(ScalingType type);
+
+/// @brief Parses a HuggingFace `rope_type` string: "default" (or "none"), "linear",
+/// "dynamic", "yarn", "llama3" or "longrope"; throws rope::Error otherwise.
+ScalingType parse_scaling_type(std::string_view rope_type);
+
+/// @brief Frequency scaling parameters, named as in a HuggingFace model config
+/// (`rope_parameters`, formerly `rope_scaling`).
+///
+/// Only the fields of the chosen type are read; the others keep their
+/// defaults. `rope_theta` and the rotated dimension live in RopeConfig (`base`
+/// and `rotary_dim`: HuggingFace's dim = head_dim * partial_rotary_factor is our
+/// rotary_dim). With C++20 designated initializers a configuration reads like
+/// the model's JSON:
+/// @code
+/// config.scaling = {.type = rope::ScalingType::yarn, .factor = 4.0,
+///                   .original_max_position_embeddings = 32768};
+/// @endcode
 struct Scaling {
     ScalingType type = ScalingType::none;  ///< `rope_type` in the model config.
-    double factor = 1.0;                   ///< Interpolation factor (linear); must be > 0.
+    /// `factor`: the context extension ratio (every type but none); must be
+    /// finite and > 0. For longrope it only sets the default attention factor
+    /// (HuggingFace derives it as max_position_embeddings / original_max_position_embeddings
+    /// when a config omits it: give that ratio here).
+    double factor = 1.0;
+    /// `original_max_position_embeddings`: the context length the model was
+    /// pretrained with (dynamic, yarn, llama3, longrope); must be > 0 for them.
+    /// For dynamic it is what HuggingFace reads from the config's
+    /// `max_position_embeddings`.
+    int64_t original_max_position_embeddings = 0;
+    /// `attention_factor` (yarn, longrope): multiplies cos and sin. Unset means
+    /// the type's default (yarn: from factor and mscale; longrope:
+    /// sqrt(1 + ln(factor) / ln(original_max_position_embeddings))). Must be finite and > 0.
+    std::optional<double> attention_factor{};
+    /// `beta_fast` (yarn): rotations within the original context above which a
+    /// pair is extrapolated (left unscaled). Must exceed beta_slow.
+    double beta_fast = 32.0;
+    /// `beta_slow` (yarn): rotations below which a pair is fully interpolated. Must be > 0.
+    double beta_slow = 1.0;
+    /// `truncate` (yarn): round the correction range outwards to whole pairs
+    /// (floor / ceil), as the original YaRN code does; false keeps it fractional.
+    bool truncate = true;
+    /// `mscale` (yarn, DeepSeek): with mscale_all_dim, the default attention factor
+    /// becomes (0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1).
+    /// 0 means unset, as a missing or zero value does in HuggingFace. Must be finite and >= 0.
+    double mscale = 0.0;
+    /// `mscale_all_dim` (yarn, DeepSeek): see mscale; 0 means unset.
+    double mscale_all_dim = 0.0;
+    /// `low_freq_factor` (llama3): wavelengths above original / low_freq_factor
+    /// are divided by factor. Must be finite, > 0 and < high_freq_factor.
+    double low_freq_factor = 1.0;
+    /// `high_freq_factor` (llama3): wavelengths below original / high_freq_factor
+    /// are left unscaled.
+    double high_freq_factor = 4.0;
+    /// `short_factor` (longrope): rotary_dim/2 per-pair divisors of theta_i for
+    /// calls within the original context. Each must be finite and > 0.
+    std::vector<double> short_factor{};
+    /// `long_factor` (longrope): rotary_dim/2 per-pair divisors of theta_i for
+    /// calls whose largest position + 1 exceeds original_max_position_embeddings.
+    std::vector<double> long_factor{};
 };
 
 /// @brief Everything about a model's RoPE that does not depend on the call.
@@ -58,9 +139,11 @@ struct RopeConfig {
     int64_t effective_rotary_dim() const { return rotary_dim == 0 ? head_dim : rotary_dim; }
 };
 
-/// @brief Throws rope::Error naming the field if @p config is not usable
+/// @brief Throws rope::Error naming the field and its value if @p config is not usable
 /// (head_dim <= 0, rotary_dim odd, negative or > head_dim, base not finite or <= 0,
-/// scaling factor not finite or <= 0).
+/// or a scaling field the chosen type reads out of range, e.g. factor not finite
+/// or <= 0, original_max_position_embeddings <= 0, beta_fast <= beta_slow,
+/// low_freq_factor >= high_freq_factor, a factor list whose length is not rotary_dim/2).
 void validate(const RopeConfig& config);
 
 }  // namespace rope

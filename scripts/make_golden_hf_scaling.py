@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Writes tests/golden/scaling/hf_scaling_*.txt: scaled RoPE computed by HuggingFace transformers itself.
+
+Run on a machine with PyTorch and transformers (the H200 machine has both):
+    python3 scripts/make_golden_hf_scaling.py [OUTDIR]      (default: tests/golden/scaling)
+tests/scaling_test.cpp reads the files: it checks rope's frequency table
+(inv_freq, attention_factor) and every backend's output against them.
+
+The numbers come from transformers' own code, so they are independent of rope's:
+    the frequencies: LlamaRotaryEmbedding, whose __init__ calls
+        modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] and whose forward pass
+        applies the dynamic / longrope updates from max(position_ids) + 1;
+        cross-checked against ROPE_INIT_FUNCTIONS[rope_type] called directly;
+    the rotation: modeling_llama.apply_rotary_pos_emb (half-split, [batch, heads, seq, dim]).
+Positions reach a few thousand while original_max_position_embeddings is small
+(256 or 512), so every scaling type actually changes the result.
+
+File format: that of scripts/make_golden_hf.py (one `key: value` per line; q, k,
+q_out, k_out and positions are space-separated numbers in layout order), plus
+    rope_type, factor, original_max_position_embeddings and the type's other fields
+        (beta_fast, beta_slow, truncate, mscale, mscale_all_dim, low_freq_factor,
+        high_freq_factor, short_factor, long_factor) exactly as given to transformers;
+    given_attention_factor: an attention_factor set in the config (absent: the type's default);
+    position_offset: when there is no positions line, position ids are
+        position_offset + s for every sequence (used where the call's length matters,
+        so that device-resident ids are not needed to know it);
+    inv_freq: the inverse frequencies transformers used (after its dynamic / longrope update);
+    attention_factor: the factor transformers multiplied cos and sin by;
+    seq_len: max(position_ids) + 1, the length transformers' updates looked at;
+    max_position_embeddings: the config value given to transformers (for the record).
+transformers 5 keeps RoPE settings in config.rope_parameters; 4.x in config.rope_scaling
+(with rope_theta and partial_rotary_factor on the config): both are handled.
+"""
+import inspect
+import math
+import os
+import sys
+
+import torch
+import transformers
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama import modeling_llama
+
+TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
+
+
+def llama_config(head_dim, base, partial, rope_fields, max_position_embeddings, original_max):
+    """A LlamaConfig whose RoPE is `rope_fields` (rope_type, factor, ...), in whichever form this transformers reads."""
+    heads = 4
+    common = dict(hidden_size=head_dim * heads, num_attention_heads=heads, num_key_value_heads=heads,
+                  head_dim=head_dim, max_position_embeddings=max_position_embeddings)
+    parameters = {"rope_theta": base, **rope_fields}
+    if partial != 1.0:
+        parameters["partial_rotary_factor"] = partial
+    config = None
+    if TRANSFORMERS_MAJOR >= 5:
+        try:
+            config = LlamaConfig(**common, rope_parameters=dict(parameters))
+        except TypeError:
+            config = None
+    if config is None:  # transformers 4.x: rope_scaling, with rope_theta and partial_rotary_factor on the config
+        legacy = {k: v for k, v in rope_fields.items()}
+        config = LlamaConfig(**common, rope_theta=base, rope_scaling=legacy, partial_rotary_factor=partial)
+    if partial != 1.0:
+        config.partial_rotary_factor = partial
+    if original_max is not None:
+        # Phi-3 style configs (and some transformers versions' longrope) read it from the config itself.
+        config.original_max_position_embeddings = original_max
+    return config
+
+
+def effective_rope_fields(config):
+    """The RoPE dict transformers will read: rope_parameters (v5) or rope_scaling (v4)."""
+    fields = getattr(config, "rope_parameters", None)
+    if isinstance(fields, dict) and fields.get("rope_type") not in (None, "default"):
+        return fields
+    fields = getattr(config, "rope_scaling", None)
+    if isinstance(fields, dict):
+        return fields
+    raise RuntimeError("transformers dropped the RoPE scaling settings of the config")
+
+
+def check_taken(config, rope_fields):
+    """Fails loudly if transformers dropped or changed a field: a golden file must describe what was computed."""
+    taken = effective_rope_fields(config)
+    for key, value in rope_fields.items():
+        if key not in taken:
+            raise RuntimeError(f"transformers {transformers.__version__} dropped rope field {key!r}: {taken}")
+        if taken[key] != value:
+            raise RuntimeError(f"transformers changed rope field {key!r} from {value!r} to {taken[key]!r}")
+    if rope_fields.get("truncate") is False and "truncate" not in inspect.getsource(ROPE_INIT_FUNCTIONS["yarn"]):
+        raise RuntimeError(f"transformers {transformers.__version__}'s yarn ignores `truncate`")
+
+
+def numbers(values, fmt="{:.9g}"):
+    return " ".join(fmt.format(v) for v in values)
+
+
+def write_case(path, meta, lists, tensors):
+    with open(path, "w") as f:
+        f.write("# Scaled RoPE golden vectors computed by HuggingFace transformers; "
+                "see scripts/make_golden_hf_scaling.py\n")
+        for key, value in meta.items():
+            f.write(f"{key}: {value}\n")
+        for key, values in lists.items():
+            f.write(f"{key}: {numbers(values, '{!r}')}\n")
+        for name, t in tensors.items():
+            f.write(f"{name}: " + numbers(t.detach().to(torch.float32).contiguous().view(-1).tolist()) + "\n")
+    print("wrote", path)
+
+
+def scaling_case(out, name, rope_fields, head_dim=64, base=10000.0, partial=1.0, ids=None, offset=None,
+                 batch=2, q_heads=2, k_heads=1, seq=4, max_position_embeddings=None, seed=0):
+    """One golden file: q, k of [batch, heads, seq, head_dim] rotated by transformers with `rope_fields`.
+
+    Positions are explicit `ids` ([batch, seq]) or offset + s for every sequence.
+    """
+    rope_type = rope_fields["rope_type"]
+    original_max = rope_fields.get("original_max_position_embeddings")
+    if max_position_embeddings is None:
+        # The checkpoint convention: the extended context is factor times the original one. Some
+        # transformers versions derive yarn's / longrope's factor from this ratio; keeping it exact
+        # makes every version compute with the factor written in the file.
+        max_position_embeddings = int(round(rope_fields["factor"] * original_max)) if original_max else 4096
+    config = llama_config(head_dim, base, partial, rope_fields, max_position_embeddings, original_max)
+    check_taken(config, rope_fields)
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, q_heads, seq, head_dim, generator=g)
+    k = torch.randn(batch, k_heads, seq, head_dim, generator=g)
+    if ids is not None:
+        position_ids = torch.tensor(ids, dtype=torch.int64)
+        assert position_ids.shape == (batch, seq)
+    else:
+        position_ids = (offset + torch.arange(seq, dtype=torch.int64)).unsqueeze(0).expand(batch, seq)
+    seq_len = int(position_ids.max()) + 1
+
+    rotary = modeling_llama.LlamaRotaryEmbedding(config=config)
+    cos, sin = rotary(q, position_ids)  # the forward pass applies the dynamic / longrope update
+    inv_freq = rotary.inv_freq.detach().clone().to(torch.float32)
+    attention_factor = float(rotary.attention_scaling)
+    rotary_dim = inv_freq.numel() * 2
+    assert rotary_dim == int(head_dim * partial), f"rotary_dim {rotary_dim} != head_dim * partial_rotary_factor"
+
+    # The same frequencies from the init function itself, given the call's length.
+    direct_inv_freq, direct_attention = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"), seq_len=seq_len)
+    assert torch.allclose(direct_inv_freq.to(torch.float32), inv_freq, rtol=1e-6, atol=0), \
+        f"{name}: LlamaRotaryEmbedding's inv_freq differs from ROPE_INIT_FUNCTIONS[{rope_type!r}]"
+    assert math.isclose(float(direct_attention), attention_factor, rel_tol=1e-12), \
+        f"{name}: attention factors differ: {direct_attention} vs {attention_factor}"
+    # The scaling must matter here, else the file tests nothing about it.
+    default = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    changed = not torch.allclose(inv_freq.double(), default, rtol=1e-5) or attention_factor != 1.0
+    expect_default = name.endswith("_short.txt") and rope_type == "dynamic"
+    assert changed != expect_default, f"{name}: scaling {'did not change' if not changed else 'changed'} the frequencies"
+
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_emb, k_emb = modeling_llama.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
+    q_out = torch.cat([q_emb, q_pass], dim=-1)
+    k_out = torch.cat([k_emb, k_pass], dim=-1)
+
+    meta = {
+        "source": f"transformers {transformers.__version__} (torch {torch.__version__}): "
+                  f"LlamaRotaryEmbedding (ROPE_INIT_FUNCTIONS[{rope_type}]) + modeling_llama.apply_rotary_pos_emb",
+        "style": "neox", "layout": "bhsd", "base": repr(float(base)),
+        "head_dim": head_dim, "rotary_dim": rotary_dim,
+        "q_shape": f"{batch} {q_heads} {seq} {head_dim}", "k_shape": f"{batch} {k_heads} {seq} {head_dim}",
+        "position_rows": batch if ids is not None else 0,
+    }
+    if ids is None:
+        meta["position_offset"] = offset
+    lists = {}
+    for key, value in rope_fields.items():
+        if key in ("short_factor", "long_factor"):
+            lists[key] = value
+        elif key == "attention_factor":
+            meta["given_attention_factor"] = repr(float(value))
+        elif key == "truncate":
+            meta[key] = "true" if value else "false"
+        else:
+            meta[key] = value if isinstance(value, str) else repr(value)
+    meta["max_position_embeddings"] = max_position_embeddings
+    meta["seq_len"] = seq_len
+    meta["attention_factor"] = repr(attention_factor)
+    tensors = {"inv_freq": inv_freq}
+    if ids is not None:
+        tensors["positions"] = position_ids.to(torch.float32)
+    tensors.update({"q": q, "k": k, "q_out": q_out, "k_out": k_out})
+    write_case(os.path.join(out, name), meta, lists, tensors)
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "tests/golden/scaling"
+    os.makedirs(out, exist_ok=True)
+    torch.set_num_threads(1)
+    # Explicit ids well past the original context (256 or 512), two rows.
+    far = [[0, 1, 300, 4095], [17, 255, 1024, 3000]]
+
+    # linear: every theta_i / factor.
+    scaling_case(out, "hf_scaling_linear.txt", {"rope_type": "linear", "factor": 4.0}, ids=far, seed=11)
+
+    # dynamic NTK, within the original context: max(position_ids) + 1 = 512 = original, unscaled.
+    scaling_case(out, "hf_scaling_dynamic_short.txt",
+                 {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 512},
+                 ids=[[0, 1, 100, 300], [2, 50, 399, 511]], max_position_embeddings=512, seed=12)
+    # dynamic NTK past it (positions 2000..2003, original 256), with partial rotary (dim = 32 of 64).
+    scaling_case(out, "hf_scaling_dynamic_long.txt",
+                 {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 256},
+                 partial=0.5, offset=2000, max_position_embeddings=256, seed=13)
+
+    # yarn with transformers' defaults (beta_fast 32, beta_slow 1, truncate, attention 0.1 ln(factor) + 1).
+    scaling_case(out, "hf_scaling_yarn.txt",
+                 {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+                 head_dim=128, ids=far, seed=14)
+    # yarn as DeepSeek configures it: mscale / mscale_all_dim, other betas, no truncation.
+    scaling_case(out, "hf_scaling_yarn_mscale_notruncate.txt",
+                 {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+                  "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False, "mscale": 0.707, "mscale_all_dim": 1.0},
+                 ids=far, seed=15)
+    # yarn with an explicit attention_factor and partial rotary (dim = 48 of 64).
+    scaling_case(out, "hf_scaling_yarn_attention_factor.txt",
+                 {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256,
+                  "attention_factor": 0.8},
+                 partial=0.75, ids=far, seed=16)
+
+    # llama3 (Llama 3.1's factor 8, low 1, high 4, base 500000) with a small original context.
+    scaling_case(out, "hf_scaling_llama3.txt",
+                 {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 512},
+                 head_dim=128, base=500000.0, ids=far, seed=17)
+
+    # longrope: per-pair factors; short ones while max(position_ids) + 1 <= original (256 here, exactly),
+    # long ones past it. Attention factor sqrt(1 + ln(4) / ln(256)) from factor = 1024 / 256.
+    pairs = 32
+    short_factor = [round(1.0 + 0.5 * (i / (pairs - 1)) ** 2, 4) for i in range(pairs)]
+    long_factor = [round(1.0 + 15.0 * (i / (pairs - 1)) ** 1.5, 4) for i in range(pairs)]
+    longrope = {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 256,
+                "short_factor": short_factor, "long_factor": long_factor}
+    scaling_case(out, "hf_scaling_longrope_short.txt", longrope, ids=[[0, 1, 128, 255], [3, 64, 200, 254]], seed=18)
+    scaling_case(out, "hf_scaling_longrope_long.txt", longrope, offset=1000, seed=19)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+// Scaled RoPE against golden vectors from HuggingFace transformers
+// (scripts/make_golden_hf_scaling.py, run on the H200 machine where PyTorch and
+// transformers are installed; files in tests/golden/scaling/). For every
+// scaling type transformers implements, rope's frequency table must match
+// transformers' inv_freq and attention factor, and every backend must
+// reproduce transformers' rotated q and k.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "backend_tags.hpp"
+#include "support.hpp"
+
+namespace {
+
+const std::filesystem::path golden_dir = std::filesystem::path(ROPE_GOLDEN_DIR) / "scaling";
+
+// Keys whose value is a list of numbers; every other key is text.
+const std::set<std::string> number_keys = {"q",        "k",        "q_out",        "k_out",      "positions",
+                                           "inv_freq", "short_factor", "long_factor"};
+
+struct Golden {
+    std::string name;
+    std::map<std::string, std::string> meta;
+    std::map<std::string, std::vector<double>> data;
+
+    bool has(const std::string& key) const { return meta.count(key) != 0; }
+    double number(const std::string& key) const { return std::stod(meta.at(key)); }
+};
+
+Golden load(const std::filesystem::path& path) {
+    Golden golden;
+    golden.name = path.filename().string();
+    std::ifstream file(path);
+    REQUIRE_MESSAGE(file.good(), "cannot open " << path);
+    std::string line;
+    while (std::getline(file, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        const auto colon = line.find(':');
+        REQUIRE_MESSAGE(colon != std::string::npos, golden.name << ": no `key: value` in line " << line.substr(0, 60));
+        const std::string key = line.substr(0, colon), value = line.substr(colon + 1);
+        if (number_keys.count(key)) {
+            std::istringstream numbers(value);
+            double x;
+            while (numbers >> x) golden.data[key].push_back(x);
+        } else {
+            golden.meta[key] = value.substr(value.find_first_not_of(' '));
+        }
+    }
+    return golden;
+}
+
+// The golden files, sorted by name; none found is a failure, not a skip: the
+// goldens are part of the repository.
+std::vector<Golden> goldens() {
+    std::vector<std::filesystem::path> paths;
+    if (std::filesystem::is_directory(golden_dir))
+        for (const auto& entry : std::filesystem::directory_iterator(golden_dir)) {
+            const std::string file = entry.path().filename().string();
+            if (file.rfind("hf_scaling_", 0) == 0 && entry.path().extension() == ".txt") paths.push_back(entry.path());
+        }
+    std::sort(paths.begin(), paths.end());
+    std::vector<Golden> all;
+    for (const auto& path : paths) all.push_back(load(path));
+    return all;
+}
+
+#define REQUIRE_GOLDENS(all)                                                                                    \
+    REQUIRE_MESSAGE(!(all).empty(), "golden files missing: no hf_scaling_*.txt in " << golden_dir.string()       \
+                                        << " (generate them with scripts/make_golden_hf_scaling.py "             \
+                                           "on a machine with transformers)")
+
+// The RopeConfig a golden file describes, read as a model config would be.
+rope::RopeConfig config_of(const Golden& golden) {
+    rope::RopeConfig config;
+    config.head_dim = std::stoll(golden.meta.at("head_dim"));
+    config.rotary_dim = std::stoll(golden.meta.at("rotary_dim"));
+    config.base = golden.number("base");
+    config.style = rope::parse_style(golden.meta.at("style"));
+    rope::Scaling& s = config.scaling;
+    s.type = rope::parse_scaling_type(golden.meta.at("rope_type"));
+    if (golden.has("factor")) s.factor = golden.number("factor");
+    if (golden.has("original_max_position_embeddings"))
+        s.original_max_position_embeddings = std::stoll(golden.meta.at("original_max_position_embeddings"));
+    if (golden.has("given_attention_factor")) s.attention_factor = golden.number("given_attention_factor");
+    if (golden.has("beta_fast")) s.beta_fast = golden.number("beta_fast");
+    if (golden.has("beta_slow")) s.beta_slow = golden.number("beta_slow");
+    if (golden.has("truncate")) s.truncate = golden.meta.at("truncate") == "true";
+    if (golden.has("mscale")) s.mscale = golden.number("mscale");
+    if (golden.has("mscale_all_dim")) s.mscale_all_dim = golden.number("mscale_all_dim");
+    if (golden.has("low_freq_factor")) s.low_freq_factor = golden.number("low_freq_factor");
+    if (golden.has("high_freq_factor")) s.high_freq_factor = golden.number("high_freq_factor");
+    if (golden.data.count("short_factor")) s.short_factor = golden.data.at("short_factor");
+    if (golden.data.count("long_factor")) s.long_factor = golden.data.at("long_factor");
+    return config;
+}
+
+std::array<int64_t, 4> shape_of(const std::string& text) {
+    std::istringstream in(text);
+    std::array<int64_t, 4> shape{};
+    for (auto& n : shape) in >> n;
+    return shape;
+}
+
+// The positions of a golden call: explicit ids, or position_offset + s.
+struct GoldenPositions {
+    std::vector<int64_t> ids;  // Empty when the offset form is used.
+    int64_t rows = 0;
+    int64_t offset = 0;
+    int64_t max_position = 0;  // What make_plan hands make_frequency_table: largest position + 1.
+};
+
+GoldenPositions positions_of(const Golden& golden, int64_t seq) {
+    GoldenPositions p;
+    if (golden.data.count("positions")) {
+        p.rows = std::stoll(golden.meta.at("position_rows"));
+        p.max_position = seq;  // As make_plan does for host ids.
+        for (double id : golden.data.at("positions")) {
+            p.ids.push_back(int64_t(id));
+            p.max_position = std::max(p.max_position, int64_t(id) + 1);
+        }
+    } else {
+        p.offset = golden.has("position_offset") ? std::stoll(golden.meta.at("position_offset")) : 0;
+        p.max_position = p.offset + seq;
+    }
+    // transformers' dynamic and longrope updates look at max(position_ids) + 1.
+    if (golden.has("seq_len")) CHECK_MESSAGE(p.max_position == std::stoll(golden.meta.at("seq_len")),
+                                             "the call's length differs from what transformers saw");
+    return p;
+}
+
+testing::HostTensor tensor_from(const std::vector<double>& values, std::array<int64_t, 4> shape) {
+    testing::HostTensor t = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, shape);
+    REQUIRE(values.size() == size_t(t.view.numel()));
+    for (size_t i = 0; i < values.size(); ++i) reinterpret_cast<float*>(t.storage.data())[i] = float(values[i]);
+    return t;
+}
+
+// How far our angles may be from transformers': both compute the float32 angle
+// position * theta_i from their own float32 theta_i. Where the two theta_i are
+// equal the angles are bit-identical; where they differ by d_i, the exact
+// products differ by at most position * d_i and each rounding adds half an ulp
+// (2^-24 relative) of the angle. Returns the largest such bound over the pairs.
+// The gap counted is at most the 1e-6 relative that the table test allows, so
+// a wrong table cannot loosen the tolerance of the output comparison.
+double angle_bound(const std::vector<float>& ours, const std::vector<double>& theirs, int64_t max_position) {
+    double bound = 0.0;
+    for (size_t i = 0; i < ours.size(); ++i) {
+        const double gap = std::min(std::fabs(double(ours[i]) - theirs[i]), 1e-6 * theirs[i]);
+        if (gap == 0.0) continue;
+        const double largest_angle = double(max_position) * std::max(double(ours[i]), theirs[i]);
+        bound = std::max(bound, double(max_position) * gap + std::ldexp(largest_angle, -23));
+    }
+    return bound;
+}
+
+}  // namespace
+
+TEST_CASE("scaling golden files cover every scaling type") {
+    const std::vector<Golden> all = goldens();
+    REQUIRE_GOLDENS(all);
+    std::set<std::string> types;
+    bool dynamic_within = false, dynamic_past = false, longrope_short = false, longrope_long = false;
+    for (const Golden& golden : all) {
+        CAPTURE(golden.name);
+        const rope::RopeConfig config = config_of(golden);
+        types.insert(std::string(rope::scaling_type_name(config.scaling.type)));
+        const int64_t seq = shape_of(golden.meta.at("q_shape"))[2];
+        const int64_t length = positions_of(golden, seq).max_position;
+        const bool past = length > config.scaling.original_max_position_embeddings;
+        if (config.scaling.type == rope::ScalingType::dynamic) (past ? dynamic_past : dynamic_within) = true;
+        if (config.scaling.type == rope::ScalingType::longrope) (past ? longrope_long : longrope_short) = true;
+    }
+    for (const char* type : {"linear", "dynamic", "yarn", "llama3", "longrope"}) {
+        CAPTURE(type);
+        CHECK(types.count(type) == 1);
+    }
+    CHECK_MESSAGE(dynamic_within, "no dynamic case within original_max_position_embeddings");
+    CHECK_MESSAGE(dynamic_past, "no dynamic case past original_max_position_embeddings");
+    CHECK_MESSAGE(longrope_short, "no longrope case using short_factor");
+    CHECK_MESSAGE(longrope_long, "no longrope case using long_factor");
+}
+
+TEST_CASE("make_frequency_table matches transformers' inv_freq and attention factor") {
+    const std::vector<Golden> all = goldens();
+    REQUIRE_GOLDENS(all);
+    for (const Golden& golden : all) {
+        CAPTURE(golden.name);
+        const rope::RopeConfig config = config_of(golden);
+        const int64_t seq = shape_of(golden.meta.at("q_shape"))[2];
+        const rope::FrequencyTable table = rope::make_frequency_table(config, positions_of(golden, seq).max_position);
+        const std::vector<double>& want = golden.data.at("inv_freq");
+        REQUIRE(table.inv_freq.size() == want.size());
+        // transformers computes in float32 and rope in double rounded once, so
+        // the two may differ by an ulp or two (6e-8 each): allow 1e-6 relative.
+        for (size_t i = 0; i < want.size(); ++i) {
+            CAPTURE(i);
+            CHECK(double(table.inv_freq[i]) == doctest::Approx(want[i]).epsilon(1e-6));
+        }
+        CHECK(double(table.attention_factor) == doctest::Approx(golden.number("attention_factor")).epsilon(1e-6));
+    }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("scaled RoPE reproduces transformers' golden vectors", B, scaling_golden) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    const std::vector<Golden> all = goldens();
+    REQUIRE_GOLDENS(all);
+    for (const Golden& golden : all) {
+        CAPTURE(golden.name);
+        REQUIRE(golden.meta.at("layout") == "bhsd");
+        const auto q_shape = shape_of(golden.meta.at("q_shape")), k_shape = shape_of(golden.meta.at("k_shape"));
+        const GoldenPositions positions = positions_of(golden, q_shape[2]);
+
+        testing::Call call;
+        call.config = config_of(golden);
+        call.q = tensor_from(golden.data.at("q"), q_shape);
+        call.k = tensor_from(golden.data.at("k"), k_shape);
+        call.q_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, q_shape);
+        call.k_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, k_shape);
+        call.q_out.poison();
+        call.k_out.poison();
+        call.ids = positions.ids;
+        call.id_rows = positions.rows;
+        call.offset = positions.offset;
+        testing::run(*backend, call);
+
+        // Tolerance, from what separates us from transformers: the angle bound
+        // above, and the attention factor's relative gap (ours is rounded from
+        // double, theirs is a Python float that torch rounds to float32 too).
+        // A rotation moves a pair of norm r by at most r * |angle gap|, so the
+        // relative L2 error is bounded by the angle gap plus the attention gap;
+        // on top, 2e-6 for float32 cos/sin and products (as golden_test.cpp).
+        const rope::FrequencyTable table = rope::make_frequency_table(call.config, positions.max_position);
+        const double angle = angle_bound(table.inv_freq, golden.data.at("inv_freq"), positions.max_position);
+        const double attention = golden.number("attention_factor");
+        const double attention_gap = std::min(std::fabs(double(table.attention_factor) - attention) / attention, 1e-6);
+        double largest_input = 0.0;
+        for (const char* name : {"q", "k"})
+            for (double x : golden.data.at(name)) largest_input = std::max(largest_input, std::fabs(x));
+        const double rel_tol = 2e-6 + angle + attention_gap;
+        const double abs_tol = 1e-5 + std::sqrt(2.0) * largest_input * attention * (angle + attention_gap + 1e-6);
+        for (const char* name : {"q", "k"}) {
+            const bool is_q = std::string(name) == "q";
+            const auto& result = is_q ? call.q_out : call.k_out;
+            const oracle::ErrorStats stats = oracle::compare(result.values(), golden.data.at(std::string(name) + "_out"));
+            INFO(std::string(name) << ": rel_l2 = " << stats.rel_l2 << " (tolerance " << rel_tol << "), max_abs = " << stats.max_abs
+                      << " (tolerance " << abs_tol << ")");
+            CHECK(stats.non_finite == 0);
+            CHECK(stats.rel_l2 <= rel_tol);
+            CHECK(stats.max_abs <= abs_tol);
+        }
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(scaling_golden, AllBackends);
