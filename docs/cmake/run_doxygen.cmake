@@ -1,0 +1,37 @@
+# Runs Doxygen, then copies the MathJax files the pages load into html/mathjax.
+#   cmake -DDOXYGEN=<doxygen> -DDOXYFILE=<Doxyfile> -DHTML_DIR=<html> -DMATHJAX_DIR=<libjs-mathjax>
+#         -DSTAMP=<file> -P run_doxygen.cmake
+#
+# html/ is rebuilt from scratch so no page of a removed chapter or symbol
+# survives. Doxygen runs with WARN_AS_ERROR=FAIL_ON_WARNINGS: it reports every
+# warning, then fails.
+foreach(required DOXYGEN DOXYFILE HTML_DIR MATHJAX_DIR STAMP)
+    if(NOT DEFINED ${required})
+        message(FATAL_ERROR "run_doxygen.cmake: -D${required}=... is required")
+    endif()
+endforeach()
+file(REMOVE ${STAMP})
+file(REMOVE_RECURSE ${HTML_DIR})
+execute_process(COMMAND ${DOXYGEN} ${DOXYFILE} RESULT_VARIABLE status)
+if(NOT status EQUAL 0)
+    message(FATAL_ERROR "docs: Doxygen failed (${status}). The project allows no documentation warnings: "
+                        "document every name listed above (file:line), or fix the markup.")
+endif()
+
+# MathJax 2.7 with the SVG output (it needs no web fonts, so it works from
+# file:// in every browser): the loader, the TeX input, the SVG output with its
+# TeX font data, the extensions and the English strings. About 3 MB of the
+# package's 54 MB.
+set(mathjax ${HTML_DIR}/mathjax)
+file(MAKE_DIRECTORY ${mathjax}/jax/output/SVG/fonts ${mathjax}/jax/element ${mathjax}/jax/input ${mathjax}/localization)
+file(COPY ${MATHJAX_DIR}/MathJax.js ${MATHJAX_DIR}/extensions DESTINATION ${mathjax})
+file(COPY ${MATHJAX_DIR}/jax/input/TeX DESTINATION ${mathjax}/jax/input)
+file(COPY ${MATHJAX_DIR}/jax/element/mml DESTINATION ${mathjax}/jax/element)
+file(COPY ${MATHJAX_DIR}/jax/output/SVG/jax.js ${MATHJAX_DIR}/jax/output/SVG/config.js
+          ${MATHJAX_DIR}/jax/output/SVG/autoload DESTINATION ${mathjax}/jax/output/SVG)
+file(COPY ${MATHJAX_DIR}/jax/output/SVG/fonts/TeX DESTINATION ${mathjax}/jax/output/SVG/fonts)
+file(COPY ${MATHJAX_DIR}/localization/en DESTINATION ${mathjax}/localization)
+if(NOT EXISTS ${HTML_DIR}/index.html OR NOT EXISTS ${mathjax}/MathJax.js)
+    message(FATAL_ERROR "docs: Doxygen ran but ${HTML_DIR}/index.html or the MathJax copy is missing")
+endif()
+file(TOUCH ${STAMP})

@@ -1,0 +1,22 @@
+# Runs one example program for the docs and captures what it prints.
+#   cmake -DEXAMPLE=<exe> [-DEXAMPLE_ARGS=a;b] -DOUTPUT=<file.out> [-DTIMEOUT=s] -P run_example.cmake
+# stdout and stderr go to OUTPUT, merged in the order produced. A failing run
+# fails the build and leaves no output file behind: the docs never show the
+# output of a failed run.
+foreach(required EXAMPLE OUTPUT)
+    if(NOT DEFINED ${required})
+        message(FATAL_ERROR "run_example.cmake: -D${required}=... is required")
+    endif()
+endforeach()
+if(NOT TIMEOUT)
+    set(TIMEOUT 300)
+endif()
+file(REMOVE ${OUTPUT})
+execute_process(COMMAND ${EXAMPLE} ${EXAMPLE_ARGS}
+    OUTPUT_VARIABLE printed ERROR_VARIABLE printed
+    RESULT_VARIABLE status TIMEOUT ${TIMEOUT})
+if(NOT status EQUAL 0)
+    get_filename_component(name ${EXAMPLE} NAME)
+    message(FATAL_ERROR "docs: ${name} failed (${status}); the docs show only successful runs. It printed:\n${printed}")
+endif()
+file(WRITE ${OUTPUT} "${printed}")
