@@ -193,6 +193,27 @@ TEST_CASE("bad input to the other public entry points") {
     bad.rotary_dim = 0;
     bad.base = -1;
     expect([&] { rope::make_frequency_table(bad, 16); }, "base = -1");
+    // Device-resident ids cannot be read, so length-dependent scaling needs their bound.
+    {
+        rope::RopeConfig dynamic;
+        dynamic.head_dim = 64;
+        dynamic.scaling.type = rope::ScalingType::dynamic;
+        dynamic.scaling.factor = 2.0;
+        dynamic.scaling.original_max_position_embeddings = 256;
+        float dummy = 0;
+        const int64_t fake_ids = 0;
+        auto view = rope::TensorView::contiguous(&dummy, rope::DType::f32, rope::Device::cuda, rope::Layout::bhsd,
+                                                 {1, 1, 1, 64});
+        rope::RopeArgs args = rope::RopeArgs::in_place(view, view, rope::Positions::shared(&fake_ids, 1, rope::Device::cuda));
+        args.k.shape[1] = 0;  // Rotate q only.
+        args.k_out = args.k;
+        expect([&] { rope::make_plan(dynamic, args, rope::Device::cuda); }, "positions.max_position = 0: must be given");
+        args.positions.max_position = -5;
+        expect([&] { rope::make_plan(dynamic, args, rope::Device::cuda); }, "positions.max_position = -5");
+        args.positions.max_position = 4096;
+        CHECK(rope::make_plan(dynamic, args, rope::Device::cuda).frequencies.inv_freq !=
+              rope::make_frequency_table(dynamic, 256).inv_freq);
+    }
     std::cout << "bad-input matrix: other entry points: " << cases << " cases checked" << std::endl;
 }
 

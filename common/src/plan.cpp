@@ -123,8 +123,11 @@ void check_same_sizes(const std::string& name, const Geometry& got, const std::s
     }
 }
 
+// Scaling types whose frequencies depend on how long the sequence is.
+bool length_dependent(ScalingType type) { return type == ScalingType::dynamic || type == ScalingType::longrope; }
+
 PositionSource check_positions(const Positions& positions, int64_t batch, int64_t seq, Device device,
-                               int64_t& max_position) {
+                               ScalingType scaling, int64_t& max_position) {
     PositionSource source;
     if (positions.ids == nullptr) {
         if (positions.offset < 0) fail("positions.offset", positions.offset, "must be >= 0");
@@ -140,6 +143,15 @@ PositionSource check_positions(const Positions& positions, int64_t batch, int64_
         fail("positions.device", device_name(positions.device),
              "this backend runs on " + std::string(device_name(device)));
     max_position = seq;
+    if (positions.device != Device::host) {
+        if (positions.max_position < 0)
+            fail("positions.max_position", positions.max_position, "must be >= 0 (0 means unknown)");
+        if (length_dependent(scaling) && positions.max_position == 0)
+            fail("positions.max_position", positions.max_position,
+                 std::string("must be given (largest id + 1) for device-resident ids with scaling type ") +
+                     std::string(scaling_type_name(scaling)) + ", whose frequencies depend on the length");
+        max_position = std::max(seq, positions.max_position);
+    }
     if (positions.device == Device::host) {
         // Device-resident ids cannot be inspected without a copy; host ids are checked.
         for (int64_t i = 0; i < positions.rows * positions.length; ++i) {
@@ -177,7 +189,7 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device) {
 
     Plan plan;
     int64_t max_position = 0;
-    plan.positions = check_positions(args.positions, q.batch, q.seq, device, max_position);
+    plan.positions = check_positions(args.positions, q.batch, q.seq, device, config.scaling.type, max_position);
     plan.style = config.style;
     plan.direction = args.direction;
     plan.dtype = dtype;

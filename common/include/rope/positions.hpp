@@ -23,6 +23,11 @@ struct Positions {
     int64_t rows = 0;             ///< Rows of `ids`: 1 (shape [seq]) or batch (shape [batch, seq]).
     int64_t length = 0;           ///< Ids per row; must equal the tensors' seq.
     Device device = Device::host; ///< Where `ids` lives; must match the backend.
+    /// Largest id + 1, needed only for length-dependent scaling (dynamic NTK,
+    /// longrope) when `ids` live on a device, where rope cannot read them
+    /// without a hidden copy. 0 means unknown. Ignored for host ids, whose
+    /// maximum rope reads itself.
+    int64_t max_position = 0;
 
     /// @brief Positions offset, offset+1, ...: the default when @p offset is 0.
     static Positions starting_at(int64_t offset) {
@@ -32,12 +37,12 @@ struct Positions {
     }
     /// @brief One row of @p length ids shared by every sequence of the batch.
     static Positions shared(const int64_t* ids, int64_t length, Device device = Device::host) {
-        return Positions{0, ids, 1, length, device};
+        return Positions{0, ids, 1, length, device, 0};
     }
     /// @brief A [rows, length] row-major table of ids, one row per sequence.
     static Positions per_sequence(const int64_t* ids, int64_t rows, int64_t length,
                                   Device device = Device::host) {
-        return Positions{0, ids, rows, length, device};
+        return Positions{0, ids, rows, length, device, 0};
     }
 };
 
