@@ -1,0 +1,252 @@
+#pragma once
+// What every chapter needs and no chapter teaches: reproducible random inputs,
+// RoPE evaluated in float64 to check against, distances between results, a
+// median-of-N timer, the optional CSV output for the figures, and the verdict.
+//
+// Every chapter prints, besides its lesson:
+//   "Lesson: ..."      its point in one line        (scripts/tour shows it)
+//   "Key figure: ..."  its most telling number       (scripts/tour shows it)
+//   "PASSED" / "FAILED" / "SKIPPED" as the last line, with exit code 0 / 1 / 77.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <rope/rope.hpp>
+
+namespace tutorial {
+
+/// Exit code for "could not run here" (no GPU, backend not built). CTest reports
+/// it as Skipped (SKIP_RETURN_CODE 77), never as passed.
+constexpr int kSkipExitCode = 77;
+
+// ---------------------------------------------------------------------------
+// Printing
+// ---------------------------------------------------------------------------
+
+inline void print_title(int number, std::string_view title, std::string_view lesson) {
+    std::printf("Chapter %d: %.*s\n", number, int(title.size()), title.data());
+    std::printf("Lesson: %.*s\n", int(lesson.size()), lesson.data());
+}
+
+inline void print_section(std::string_view heading) {
+    std::printf("\n--- %.*s ---\n", int(heading.size()), heading.data());
+}
+
+/// Collects a chapter's checks and turns them into the verdict and exit code.
+class Checks {
+public:
+    /// Records one check and prints it as "  [ok] what" or "  [FAILED] what".
+    bool expect(bool passed, const std::string& what) {
+        std::printf("  [%s] %s\n", passed ? "ok" : "FAILED", what.c_str());
+        ++count_;
+        if (!passed) ++failures_;
+        return passed;
+    }
+    /// Prints the key figure and the verdict; returns the exit code for main.
+    int finish(const std::string& key_figure) const {
+        std::printf("\nKey figure: %s\n", key_figure.c_str());
+        if (failures_ == 0) {
+            std::printf("PASSED (%d checks)\n", count_);
+            return 0;
+        }
+        std::printf("FAILED (%d of %d checks)\n", failures_, count_);
+        return 1;
+    }
+
+private:
+    int count_ = 0;
+    int failures_ = 0;
+};
+
+/// Prints why the chapter cannot run here, then SKIPPED; returns 77 for main.
+inline int skip(const std::string& key_figure, const std::string& reason) {
+    std::printf("\nKey figure: %s\n", key_figure.c_str());
+    std::printf("SKIPPED: %s\n", reason.c_str());
+    return kSkipExitCode;
+}
+
+/// "1.23e-07" style, for messages built with std::string.
+inline std::string sci(double value, int digits = 2) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.*e", digits, value);
+    return text;
+}
+
+/// Fixed-point with @p digits decimals, for messages built with std::string.
+inline std::string fixed(double value, int digits = 2) {
+    char text[48];
+    std::snprintf(text, sizeof text, "%.*f", digits, value);
+    return text;
+}
+
+// ---------------------------------------------------------------------------
+// Inputs
+// ---------------------------------------------------------------------------
+
+/// @p count values uniform in [-1, 1), always the same for the same seed, so
+/// that every run (and the output captured for the documentation) is reproducible.
+inline std::vector<float> random_values(size_t count, uint32_t seed) {
+    std::mt19937 generator(seed);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> values(count);
+    for (float& value : values) value = uniform(generator);
+    return values;
+}
+
+// ---------------------------------------------------------------------------
+// RoPE in float64: the formula, written independently of the library
+// ---------------------------------------------------------------------------
+
+/// Sizes in logical order, whatever the layout in memory.
+struct Shape {
+    int64_t batch = 1, heads = 1, seq = 1, head_dim = 64;
+    int64_t numel() const { return batch * heads * seq * head_dim; }
+    /// The shape in the order @p layout names, as TensorView::contiguous wants it.
+    std::array<int64_t, 4> in(rope::Layout layout) const {
+        if (layout == rope::Layout::bhsd) return {batch, heads, seq, head_dim};
+        return {batch, seq, heads, head_dim};
+    }
+};
+
+/// What the float64 formula needs to know about a call. Positions are
+/// offset + s unless explicit ids (one shared row of seq ids) are given.
+struct Formula {
+    rope::Style style = rope::Style::half_split;
+    int64_t rotary_dim = 0;          ///< 0: all of head_dim.
+    double base = 10000.0;
+    double linear_factor = 1.0;      ///< Position interpolation (ScalingType::linear).
+    int64_t offset = 0;
+    const std::vector<int64_t>* ids = nullptr;
+    rope::Layout layout = rope::Layout::bhsd;
+    bool inverse = false;
+};
+
+/// RoPE of the contiguous tensor @p x in float64: theta_i = base^(-2i/d) / factor,
+/// angle = position * theta_i, both in double. It shares no code with the backends.
+inline std::vector<double> rope_float64(const std::vector<float>& x, const Shape& shape, const Formula& f) {
+    const int64_t rotary_dim = f.rotary_dim == 0 ? shape.head_dim : f.rotary_dim;
+    const int64_t half = rotary_dim / 2;
+    std::vector<double> out(x.begin(), x.end());  // Features past rotary_dim stay as they are.
+    for (int64_t b = 0; b < shape.batch; ++b)
+        for (int64_t h = 0; h < shape.heads; ++h)
+            for (int64_t s = 0; s < shape.seq; ++s) {
+                const int64_t token_row = f.layout == rope::Layout::bhsd
+                                              ? (b * shape.heads + h) * shape.seq + s
+                                              : (b * shape.seq + s) * shape.heads + h;
+                const double position = double(f.ids ? (*f.ids)[size_t(s)] : f.offset + s);
+                double* row = out.data() + token_row * shape.head_dim;
+                for (int64_t i = 0; i < half; ++i) {
+                    const double theta = std::pow(f.base, -2.0 * double(i) / double(rotary_dim)) / f.linear_factor;
+                    const double angle = (f.inverse ? -1.0 : 1.0) * position * theta;
+                    const int64_t first = f.style == rope::Style::half_split ? i : 2 * i;
+                    const int64_t second = f.style == rope::Style::half_split ? i + half : 2 * i + 1;
+                    const double px = row[first], py = row[second];
+                    row[first] = px * std::cos(angle) - py * std::sin(angle);
+                    row[second] = py * std::cos(angle) + px * std::sin(angle);
+                }
+            }
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// Distances between results
+// ---------------------------------------------------------------------------
+
+/// ||got - want|| / ||want||: how far a result is from the exact one, as a fraction.
+template <typename Got, typename Want>
+double relative_l2(const std::vector<Got>& got, const std::vector<Want>& want) {
+    double difference = 0, reference = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double d = double(got[i]) - double(want[i]);
+        difference += d * d;
+        reference += double(want[i]) * double(want[i]);
+    }
+    return std::sqrt(difference / reference);
+}
+
+/// Largest |a - b| over all elements (infinity if either holds a NaN).
+template <typename A, typename B>
+double max_abs_difference(const std::vector<A>& a, const std::vector<B>& b) {
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        const double d = std::fabs(double(a[i]) - double(b[i]));
+        if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;
+    }
+    return worst;
+}
+
+// ---------------------------------------------------------------------------
+// Timing: the median of N, after one warm-up run
+// ---------------------------------------------------------------------------
+
+/// Median wall-clock seconds of @p repeats calls of @p work. The median, not the
+/// mean: one call disturbed by another process does not move it.
+template <typename Work>
+double median_seconds(int repeats, Work&& work) {
+    work();  // Warm-up: first-touch page faults, thread start-up, caches.
+    std::vector<double> seconds;
+    for (int r = 0; r < repeats; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        work();
+        seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(seconds.begin(), seconds.end());
+    return seconds[seconds.size() / 2];
+}
+
+// ---------------------------------------------------------------------------
+// CSV output for the figures (tutorials/plots/make_figures.sh)
+// ---------------------------------------------------------------------------
+
+/// Where this chapter writes its CSV: `--csv FILE` on the command line, else
+/// $ROPE_TUTORIAL_CSV_DIR/<program>.csv, else nowhere (empty string).
+inline std::string csv_path(int argc, char** argv, std::string_view program) {
+    for (int i = 1; i + 1 < argc; ++i)
+        if (std::string_view(argv[i]) == "--csv") return argv[i + 1];
+    if (const char* dir = std::getenv("ROPE_TUTORIAL_CSV_DIR"); dir && *dir)
+        return std::string(dir) + "/" + std::string(program) + ".csv";
+    return "";
+}
+
+/// Writes tables as CSV blocks that gnuplot reads with `index N`: each block is
+/// a "# name" line, a "# column,column" header line, the rows, and two blank lines.
+class Csv {
+public:
+    explicit Csv(const std::string& path) : path_(path) {
+        if (!path.empty()) file_.open(path);
+        file_.precision(9);
+    }
+    bool enabled() const { return file_.is_open(); }
+    void table(std::string_view name, std::string_view header) {
+        if (!enabled()) return;
+        if (tables_++ > 0) file_ << "\n\n";
+        file_ << "# " << name << "\n# " << header << "\n";
+    }
+    template <typename... Values>
+    void row(const Values&... values) {
+        if (!enabled()) return;
+        bool first = true;
+        ((file_ << (first ? "" : ",") << values, first = false), ...);
+        file_ << "\n";
+    }
+    /// Tells the reader where the CSV went (nothing when disabled).
+    void announce() const {
+        if (enabled()) std::printf("(CSV for the figures written to %s)\n", path_.c_str());
+    }
+
+private:
+    std::string path_;
+    std::ofstream file_;
+    int tables_ = 0;
+};
+
+}  // namespace tutorial
