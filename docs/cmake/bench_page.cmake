@@ -8,6 +8,7 @@
 # first heading titles the section), then a gnuplot bar chart of the CSV:
 # achieved GB/s next to the GB/s of a plain memory copy of the same bytes.
 # A CSV without markdown is also shown as a table.
+cmake_minimum_required(VERSION 3.25)  # script mode: today's policies (empty list elements kept)
 foreach(required RESULTS_DIR TEMPLATE PAGE PLOT_DIR)
     if(NOT DEFINED ${required})
         message(FATAL_ERROR "bench_page.cmake: -D${required}=... is required")
@@ -18,25 +19,25 @@ endforeach()
 # swapped for placeholders while a text is handled line by line.
 function(to_lines text out)
     string(REPLACE "\r" "" text "${text}")
-    string(REPLACE ";" "@SEMI@" text "${text}")
-    string(REPLACE "[" "@LBR@" text "${text}")
-    string(REPLACE "]" "@RBR@" text "${text}")
+    string(REPLACE ";" "%%SEMI%%" text "${text}")
+    string(REPLACE "[" "%%LBR%%" text "${text}")
+    string(REPLACE "]" "%%RBR%%" text "${text}")
     string(REPLACE "\n" ";" lines "${text}")
     set(${out} "${lines}" PARENT_SCOPE)
 endfunction()
 function(restore text out)
-    string(REPLACE "@SEMI@" ";" text "${text}")
-    string(REPLACE "@LBR@" "[" text "${text}")
-    string(REPLACE "@RBR@" "]" text "${text}")
+    string(REPLACE "%%SEMI%%" ";" text "${text}")
+    string(REPLACE "%%LBR%%" "[" text "${text}")
+    string(REPLACE "%%RBR%%" "]" text "${text}")
     set(${out} "${text}" PARENT_SCOPE)
 endfunction()
 
-# One CSV line -> list of fields ("a,b" quoted fields keep their commas as @COMMA@).
+# One CSV line -> list of fields ("a,b" quoted fields keep their commas as %%COMMA%%).
 function(csv_fields line out)
     set(result "")
     while(line MATCHES "\"([^\"]*)\"")
         set(quoted "${CMAKE_MATCH_0}")
-        string(REPLACE "," "@COMMA@" inner "${CMAKE_MATCH_1}")
+        string(REPLACE "," "%%COMMA%%" inner "${CMAKE_MATCH_1}")
         string(FIND "${line}" "${quoted}" at)
         string(LENGTH "${quoted}" length)
         string(SUBSTRING "${line}" 0 ${at} before)
@@ -145,7 +146,7 @@ function(plot_csv file stem want_table section_out)
         foreach(column IN LISTS varying)
             list(FIND columns ${column} index)
             list(GET fields ${index} value)
-            string(REPLACE "@COMMA@" "x" value "${value}")
+            string(REPLACE "%%COMMA%%" "x" value "${value}")
             string(APPEND label " ${value}")
         endforeach()
         list(GET fields ${column_GBps} gbps)
@@ -157,7 +158,7 @@ function(plot_csv file stem want_table section_out)
         list(FIND columns shape index)
         if(NOT index EQUAL -1)
             list(GET fields ${index} shape)
-            string(REPLACE "@COMMA@" "," shape "${shape}")
+            string(REPLACE "%%COMMA%%" "," shape "${shape}")
         endif()
         list(FIND columns dtype index)
         if(NOT index EQUAL -1)
@@ -183,6 +184,7 @@ function(plot_csv file stem want_table section_out)
         set(png ${PLOT_DIR}/bench_${stem}.png)
         file(WRITE ${dat} "${data}")
         math(EXPR width "300 + 90 * ${count}")
+        math(EXPR last "${count} - 1")
         if(width LESS 900)
             set(width 900)
         elseif(width GREATER 2400)
@@ -195,6 +197,7 @@ set datafile separator '\\t'
 set title '${stem}: bandwidth of one RoPE call vs a memory copy of the same bytes'
 set ylabel 'GB/s (q and k read once and written once)'
 set yrange [0:*]
+set xrange [-0.6:${last}.6]
 set grid ytics
 set key top left
 set style data histograms

@@ -5,6 +5,7 @@
 # html/ is rebuilt from scratch so no page of a removed chapter or symbol
 # survives. Doxygen runs with WARN_AS_ERROR=FAIL_ON_WARNINGS: it reports every
 # warning, then fails.
+cmake_minimum_required(VERSION 3.25)  # script mode: today's policies (empty list elements kept)
 foreach(required DOXYGEN DOXYFILE HTML_DIR MATHJAX_DIR STAMP)
     if(NOT DEFINED ${required})
         message(FATAL_ERROR "run_doxygen.cmake: -D${required}=... is required")
