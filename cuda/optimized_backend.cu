@@ -21,20 +21,19 @@ namespace {
 constexpr int kSmallCapacity = 64;
 
 template <typename Storage, typename Path, int Capacity>
-void launch_path(const Plan& plan, int multiprocessors) {
-    launch_optimized<Storage, Path, Path::kRowsInFlight, Capacity, Path::kMinBlocksPerSM>(plan, multiprocessors,
-                                                                                       LaunchTuning{});
+void launch_path(const Plan& plan, const DeviceInfo& device) {
+    launch_optimized<Storage, Path, Path::kRowsInFlight, Capacity, Path::kMinBlocksPerSM>(plan, device, LaunchTuning{});
 }
 
 /// Picks the access path for @p plan: 16-byte vectors where the views allow, else generic.
 template <typename Storage, int Capacity>
-void launch_for_plan(const Plan& plan, int multiprocessors) {
+void launch_for_plan(const Plan& plan, const DeviceInfo& device) {
     if (plan.style == Style::half_split && vector_path_fits<Storage, Style::half_split>(plan))
-        launch_path<Storage, VectorPath<Storage, Style::half_split>, Capacity>(plan, multiprocessors);
+        launch_path<Storage, VectorPath<Storage, Style::half_split>, Capacity>(plan, device);
     else if (plan.style == Style::interleaved && vector_path_fits<Storage, Style::interleaved>(plan))
-        launch_path<Storage, VectorPath<Storage, Style::interleaved>, Capacity>(plan, multiprocessors);
+        launch_path<Storage, VectorPath<Storage, Style::interleaved>, Capacity>(plan, device);
     else
-        launch_path<Storage, GenericPath<Storage>, Capacity>(plan, multiprocessors);
+        launch_path<Storage, GenericPath<Storage>, Capacity>(plan, device);
 }
 
 class OptimizedCudaBackend final : public Backend {
@@ -45,29 +44,29 @@ public:
     void run(const Plan& plan) override {
         check_rotary_dim(plan);
         if (plan.empty()) return;
-        const int multiprocessors = multiprocessors_of_current_device();
+        const DeviceInfo& device = current_device_info();
         dispatch_dtype(plan.dtype, [&](auto storage) {
             using Storage = decltype(storage);
             if (plan.pairs <= kSmallCapacity)
-                launch_for_plan<Storage, kSmallCapacity>(plan, multiprocessors);
+                launch_for_plan<Storage, kSmallCapacity>(plan, device);
             else
-                launch_for_plan<Storage, int(kMaxPairs)>(plan, multiprocessors);
+                launch_for_plan<Storage, int(kMaxPairs)>(plan, device);
         });
     }
 
 private:
-    // The SM count of the current device, asked again only when the device changes.
-    int multiprocessors_of_current_device() {
+    // What the launch needs to know about the current device, asked again only when the device changes.
+    const DeviceInfo& current_device_info() {
         int device = 0;
         check_cuda(cudaGetDevice(&device), "cudaGetDevice");
         if (device != cached_device_) {
-            cached_multiprocessors_ = multiprocessor_count(device);
+            cached_info_ = device_info(device);
             cached_device_ = device;
         }
-        return cached_multiprocessors_;
+        return cached_info_;
     }
     int cached_device_ = -1;
-    int cached_multiprocessors_ = 0;
+    DeviceInfo cached_info_;
 };
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include <cstdint>
 
 #include "check.hpp"
+#include "fast_divisor.cuh"
 #include "kernel_args.cuh"
 #include "row_access.cuh"
 
@@ -45,23 +46,46 @@ namespace rope::cuda_detail {
 /// Largest block the kernel is compiled for (its __launch_bounds__).
 inline constexpr int kMaxBlockThreads = 256;
 
-/// @brief The launch-shape choices of cuda-optimized (see 4. above); defaults are the backend's.
+/// @brief The launch-shape choices of cuda-optimized (see 4. above); defaults are the backend's,
+/// chosen with rope-cuda-self-check --tune on the H200.
 struct LaunchTuning {
-    /// Threads per block when the work fills the GPU (at most kMaxBlockThreads):
-    /// 8 resident blocks of 256 would fill an SM's 2048 thread slots.
-    int block_threads = 256;
+    /// Threads per block when the work fills the GPU (at most kMaxBlockThreads).
+    /// Blocks of 128 measured 1-2% faster than 256: finer blocks shorten the tail.
+    int block_threads = 128;
     /// Threads per block below one wave of work: small blocks spread a small problem over more SMs.
     int small_block_threads = 64;
-    /// Most head rows a thread visits per token: more rows share each sincosf,
-    /// fewer give more, shorter-lived threads and so a shorter tail.
+    /// Most head rows a thread visits per token: more rows share each sincosf
+    /// and each unit's index arithmetic, fewer give more, shorter-lived threads
+    /// and so a shorter tail.
     int64_t max_rows_per_slice = 16;
+    /// Fewest head rows a thread visits per token (1: decode gets one row per thread).
+    int64_t min_rows_per_slice = 1;
     /// Waves of resident threads the bandwidth regime aims for (how rows per slice is chosen).
     int64_t target_waves = 4;
-    /// Order of units: false = token-major (a block's threads share tokens and
-    /// walk neighbouring heads), true = slice-major (a block's threads take
-    /// neighbouring tokens of the same heads, which are adjacent in bhsd memory).
-    bool slice_major = false;
+    /// Order of units: true = slice-major (a block's threads take neighbouring
+    /// tokens of the same heads: adjacent rows in bhsd memory, 2-3% faster
+    /// there), false = token-major (a block's threads walk the heads of few tokens).
+    bool slice_major = true;
+    /// Use programmatic dependent launch where the device has it (compute capability >= 9.0).
+    bool programmatic_launch = true;
 };
+
+/// @brief What the launch needs to know about the current device.
+struct DeviceInfo {
+    int multiprocessors = 0;           ///< SMs (132 on an H200).
+    bool programmatic_launch = false;  ///< Compute capability >= 9.0: programmatic dependent launch.
+};
+
+/// @brief Reads DeviceInfo for CUDA device @p device (attribute queries only: no synchronisation).
+inline DeviceInfo device_info(int device) {
+    DeviceInfo info;
+    info.multiprocessors = multiprocessor_count(device);
+    int major = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+               "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
+    info.programmatic_launch = major >= 9;
+    return info;
+}
 
 /// @brief Everything the kernel needs, passed by value (kernel_args.cuh says why).
 ///
@@ -87,18 +111,48 @@ struct OptimizedArgs {
     int64_t rows_per_slice;
     int64_t slices;
     int64_t units;             ///< tokens * slices.
+    FastDivisor by_seq;        ///< token -> (b, s).
+    FastDivisor by_slices;     ///< unit -> (token, slice), token-major.
+    FastDivisor by_tokens;     ///< unit -> (slice, token), slice-major.
 };
 
-/// Input and output of row @p row (a q head, or a k head after q's) of token (b, s).
+/// @brief Where the rows of one token start, in q and k, input and output: computed
+/// once per unit, so that a row's address is one multiply-add away.
+template <typename Storage>
+struct TokenRows {
+    const Storage* q_in;
+    Storage* q_out;
+    const Storage* k_in;
+    Storage* k_out;
+};
+
+/// Head 0 of token (b, s), in every tensor.
 template <typename Storage, int Capacity>
-__device__ inline RowRef<Storage> locate_row(const OptimizedArgs<Capacity>& args, int64_t row, int64_t b,
-                                             int64_t s) {
-    const int which = row < args.q_heads ? 0 : 1;
-    const Operand& operand = args.operands[which];
-    const int64_t h = which == 0 ? row : row - args.q_heads;
-    return {static_cast<const Storage*>(operand.in) + operand.in_geometry.offset(b, h, s, 0),
-            static_cast<Storage*>(operand.out) + operand.out_geometry.offset(b, h, s, 0),
-            operand.in_geometry.stride_dim, operand.out_geometry.stride_dim};
+__device__ inline TokenRows<Storage> token_rows(const OptimizedArgs<Capacity>& args, int64_t b, int64_t s) {
+    const Operand& q = args.operands[0];
+    const Operand& k = args.operands[1];
+    return {static_cast<const Storage*>(q.in) + q.in_geometry.offset(b, 0, s, 0),
+            static_cast<Storage*>(q.out) + q.out_geometry.offset(b, 0, s, 0),
+            static_cast<const Storage*>(k.in) + k.in_geometry.offset(b, 0, s, 0),
+            static_cast<Storage*>(k.out) + k.out_geometry.offset(b, 0, s, 0)};
+}
+
+/// Input and output of row @p row of a token: q's head `row`, or k's head `row - q_heads`.
+///
+/// Written with selects on fixed fields (not operands[row >= q_heads]) so the
+/// compiler reads every stride straight from the constant bank.
+template <typename Storage, int Capacity>
+__device__ inline RowRef<Storage> locate_row(const OptimizedArgs<Capacity>& args, const TokenRows<Storage>& token,
+                                             int64_t row) {
+    const Geometry& q_in = args.operands[0].in_geometry;
+    const Geometry& q_out = args.operands[0].out_geometry;
+    const Geometry& k_in = args.operands[1].in_geometry;
+    const Geometry& k_out = args.operands[1].out_geometry;
+    if (row < args.q_heads)
+        return {token.q_in + row * q_in.stride_head, token.q_out + row * q_out.stride_head, q_in.stride_dim,
+                q_out.stride_dim};
+    const int64_t h = row - args.q_heads;
+    return {token.k_in + h * k_in.stride_head, token.k_out + h * k_out.stride_head, k_in.stride_dim, k_out.stride_dim};
 }
 
 /// True when row @p row's operand is rotated in place (its pass-through needs no copy).
@@ -110,36 +164,34 @@ __device__ inline bool in_place(const OptimizedArgs<Capacity>& args, int64_t row
 
 /// Rotates chunk @p chunk of rows [row_begin, row_end) of token (b, s).
 template <typename Storage, typename Path, int RowsInFlight, int Capacity>
-__device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, int64_t b, int64_t s, int64_t row_begin,
-                                   int64_t row_end, int64_t chunk) {
+__device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const TokenRows<Storage>& token,
+                                   int64_t position_b, int64_t position_s, int64_t row_begin, int64_t row_end,
+                                   int64_t chunk) {
     typename Path::Pairs data[RowsInFlight];
-    RowRef<Storage> rows[RowsInFlight];
     // All loads of a batch go out before any of them is needed (3. above).
+    // Row addresses are recomputed at the store (one multiply-add) rather than
+    // kept: registers, not arithmetic, limit how many threads fit on an SM.
     auto load_batch = [&](int64_t first) {
 #pragma unroll
-        for (int u = 0; u < RowsInFlight; ++u) {
-            if (first + u < row_end) {
-                rows[u] = locate_row<Storage>(args, first + u, b, s);
-                data[u] = Path::load(rows[u], chunk, args.style, args.rotary_dim);
-            }
-        }
+        for (int u = 0; u < RowsInFlight; ++u)
+            if (first + u < row_end) data[u] = Path::load(locate_row(args, token, first + u), chunk, args.style, args.rotary_dim);
     };
     load_batch(row_begin);
 
     // cos/sin of this thread's pairs at this token: computed once, here, while
     // the first loads are in flight, then reused for every row below (2. above).
-    const int64_t position = args.positions.at(b, s);
+    const int64_t position = args.positions.at(position_b, position_s);
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
 #pragma unroll
     for (int p = 0; p < Path::kPairs; ++p)
-        rotation_factors(args.freq, position, chunk * Path::kPairs + p, cos_angle[p], sin_angle[p]);
+        rotation_factors(args.freq, position, Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
 
     for (int64_t first = row_begin;;) {
 #pragma unroll
         for (int u = 0; u < RowsInFlight; ++u) {
             if (first + u < row_end) {
                 Path::rotate(data[u], cos_angle, sin_angle);
-                Path::store(rows[u], chunk, args.style, args.rotary_dim, data[u]);
+                Path::store(locate_row(args, token, first + u), chunk, args.style, args.rotary_dim, data[u]);
             }
         }
         first += RowsInFlight;
@@ -151,8 +203,8 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, int64_t 
 /// Copies pass-through chunk @p pass_chunk of rows [row_begin, row_end) of token (b, s),
 /// skipping rows rotated in place (their pass-through features already are where they belong).
 template <typename Storage, typename Path, int RowsInFlight, int Capacity>
-__device__ inline void copy_rows(const OptimizedArgs<Capacity>& args, int64_t b, int64_t s, int64_t row_begin,
-                                 int64_t row_end, int64_t pass_chunk) {
+__device__ inline void copy_rows(const OptimizedArgs<Capacity>& args, const TokenRows<Storage>& token,
+                                 int64_t row_begin, int64_t row_end, int64_t pass_chunk) {
     const int64_t feature = args.rotary_dim + pass_chunk * Path::kPassElements;
     for (int64_t first = row_begin; first < row_end; first += RowsInFlight) {
         decltype(Path::load_pass(RowRef<Storage>{}, 0)) data[RowsInFlight];
@@ -162,7 +214,7 @@ __device__ inline void copy_rows(const OptimizedArgs<Capacity>& args, int64_t b,
         for (int u = 0; u < RowsInFlight; ++u) {
             copy[u] = first + u < row_end && !in_place(args, first + u);
             if (copy[u]) {
-                rows[u] = locate_row<Storage>(args, first + u, b, s);
+                rows[u] = locate_row(args, token, first + u);
                 data[u] = Path::load_pass(rows[u], feature);
             }
         }
@@ -183,19 +235,36 @@ __device__ inline void copy_rows(const OptimizedArgs<Capacity>& args, int64_t b,
 template <typename Storage, typename Path, int RowsInFlight, int Capacity, int MinBlocksPerSM>
 __global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
     rope_optimized_kernel(const __grid_constant__ OptimizedArgs<Capacity> args) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Programmatic dependent launch (Hopper): this grid may have been started
+    // while the previous kernel in the stream was still finishing, so that its
+    // launch latency hides under that kernel's tail. Let the next kernel do the
+    // same to us (all our blocks are resident by the time every block has run
+    // this), then wait until the previous grid has completed and its writes are
+    // visible: nothing before this line touches global memory.
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     const int64_t step = int64_t(gridDim.x) * blockDim.y;
     for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
-        const int64_t token = args.slice_major ? unit % args.tokens : unit / args.slices;
-        const int64_t slice = args.slice_major ? unit / args.tokens : unit % args.slices;
+        int64_t token, slice;
+        if (args.slice_major) {
+            slice = args.by_tokens.divide(unit);
+            token = unit - slice * args.tokens;
+        } else {
+            token = args.by_slices.divide(unit);
+            slice = unit - token * args.slices;
+        }
+        const int64_t b = args.by_seq.divide(token);
+        const int64_t s = token - b * args.seq;
         const int64_t row_begin = slice * args.rows_per_slice;
         const int64_t row_end = row_begin + args.rows_per_slice < args.rows ? row_begin + args.rows_per_slice : args.rows;
-        const int64_t b = token / args.seq;
-        const int64_t s = token % args.seq;
+        const TokenRows<Storage> token_start = token_rows<Storage>(args, b, s);
         for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
             if (chunk < args.rotary_chunks)
-                rotate_rows<Storage, Path, RowsInFlight>(args, b, s, row_begin, row_end, chunk);
+                rotate_rows<Storage, Path, RowsInFlight>(args, token_start, b, s, row_begin, row_end, chunk);
             else
-                copy_rows<Storage, Path, RowsInFlight>(args, b, s, row_begin, row_end, chunk - args.rotary_chunks);
+                copy_rows<Storage, Path, RowsInFlight>(args, token_start, row_begin, row_end, chunk - args.rotary_chunks);
         }
     }
 }
@@ -217,11 +286,7 @@ bool rows_vectorizable(const void* data, const Geometry& g) {
 /// @brief Whether the 16-byte path can run @p plan (otherwise the generic path does).
 template <typename Storage, Style kStyle>
 bool vector_path_fits(const Plan& plan) {
-    using Path = VectorPath<Storage, kStyle>;
-    // Whole chunks only: the rotary part in chunks of kPairs pairs, the
-    // pass-through part in whole vectors (it then starts 16-byte aligned too).
-    if (plan.pairs % Path::kPairs != 0) return false;
-    if ((plan.head_dim - plan.rotary_dim) % Path::kPassElements != 0) return false;
+    if (!VectorPath<Storage, kStyle>::fits(plan.rotary_dim, plan.head_dim)) return false;
     for (const Operand* operand : {&plan.q, &plan.k}) {
         if (operand->in_geometry.heads == 0) continue;
         if (!rows_vectorizable<Storage>(operand->in, operand->in_geometry)) return false;
@@ -238,9 +303,8 @@ inline int64_t floor_power_of_two(int64_t value) {
 }
 
 /// @brief Builds the kernel arguments and grid for @p plan and launches on plan.stream.
-/// @param multiprocessors SMs of the current device
 template <typename Storage, typename Path, int RowsInFlight, int Capacity, int MinBlocksPerSM>
-void launch_optimized(const Plan& plan, int multiprocessors, const LaunchTuning& tuning) {
+void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTuning& tuning) {
     OptimizedArgs<Capacity> args{};
     args.operands[0] = plan.q;
     args.operands[1] = plan.k;
@@ -263,14 +327,14 @@ void launch_optimized(const Plan& plan, int multiprocessors, const LaunchTuning&
 
     // Grid shape (4. above): block_x threads cover a row's chunks.
     const int64_t block_x = std::min<int64_t>(args.chunks, tuning.block_threads);
-    const int64_t resident_threads = int64_t(multiprocessors) * 2048;  // Thread slots of the whole GPU.
+    const int64_t resident_threads = int64_t(device.multiprocessors) * 2048;  // Thread slots of the whole GPU.
     // Rows per thread: as many as still leave target_waves waves of threads
     // (a short tail), at most max_rows_per_slice; decode-sized problems get one
     // row per thread, the most parallelism. Powers of two keep the batches of
     // RowsInFlight rows whole.
     const int64_t thread_rows = args.tokens * args.rows * block_x;
     const int64_t wanted = thread_rows / (resident_threads * tuning.target_waves);
-    args.rows_per_slice = floor_power_of_two(std::clamp<int64_t>(wanted, 1, tuning.max_rows_per_slice));
+    args.rows_per_slice = floor_power_of_two(std::clamp<int64_t>(wanted, tuning.min_rows_per_slice, tuning.max_rows_per_slice));
     args.slices = (args.rows + args.rows_per_slice - 1) / args.rows_per_slice;
     args.units = args.tokens * args.slices;
     // Less than one wave of threads: the launch is latency-bound, so small
@@ -278,10 +342,22 @@ void launch_optimized(const Plan& plan, int multiprocessors, const LaunchTuning&
     const int threads = args.units * block_x >= resident_threads ? tuning.block_threads : tuning.small_block_threads;
     const int64_t block_y = std::max<int64_t>(1, threads / block_x);
     const int64_t blocks = (args.units + block_y - 1) / block_y;
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)));  // The unit loop covers the rest.
-    const dim3 block(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
-    rope_optimized_kernel<Storage, Path, RowsInFlight, Capacity, MinBlocksPerSM><<<grid, block, 0, stream_of(plan)>>>(args);
-    check_launch("rope_optimized_kernel");
+    args.by_seq = FastDivisor(args.seq);
+    args.by_slices = FastDivisor(args.slices);
+    args.by_tokens = FastDivisor(args.tokens);
+
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)));  // The unit loop covers the rest.
+    config.blockDim = dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
+    config.stream = stream_of(plan);
+    // See the kernel's griddepcontrol: the launch may overlap the previous kernel's tail.
+    cudaLaunchAttribute programmatic{};
+    programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    programmatic.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &programmatic;
+    config.numAttrs = device.programmatic_launch && tuning.programmatic_launch ? 1 : 0;
+    check_cuda(cudaLaunchKernelEx(&config, rope_optimized_kernel<Storage, Path, RowsInFlight, Capacity, MinBlocksPerSM>, args),
+               "cudaLaunchKernelEx(rope_optimized_kernel)");
 }
 
 }  // namespace rope::cuda_detail

@@ -7,15 +7,16 @@
 /// visits: a few pairs to rotate, or a few pass-through features to copy. Two
 /// access paths define what a chunk is:
 ///
-/// - VectorPath: a chunk is 16 bytes (4 fp32 or 8 fp16/bf16 values), moved
-///   with one 128-bit load and one 128-bit store. This is the fast path, used
-///   when rows are contiguous and 16-byte aligned.
+/// - VectorPath: a chunk is two 16-byte vectors (4 fp32 or 8 fp16/bf16 values
+///   each), each moved with one 128-bit load and one 128-bit store. This is the
+///   fast path, used when rows are contiguous and 16-byte aligned.
 /// - GenericPath: a chunk is one pair (or one pass-through feature), moved
 ///   with scalar accesses through the full strides. It handles every view the
 ///   Plan allows (stride_dim != 1, odd offsets) and is the correctness fallback.
 ///
 /// Both expose the same static interface, so one kernel serves both:
-/// kPairs / kPassElements, Pairs, load, rotate, store, copy_pass.
+/// kPairs, kPassElements, kRowsInFlight, kMinBlocksPerSM, Pairs, fits, pair_of,
+/// load, rotate, store, load_pass, store_pass.
 
 #include <cstdint>
 #include <cstring>
@@ -60,50 +61,72 @@ __device__ inline void store16(Storage* target, const Vector16<Storage>& vector)
 
 /// @brief The 16-byte path for contiguous, aligned rows, specialised on the pairing style.
 ///
-/// Half-split (pair i = features i and i + rotary_dim/2): chunk c is the
-/// 16 bytes starting at feature c*W (the x's of W pairs) plus the matching 16
-/// bytes of the second half (their y's). Both halves' loads are coalesced
-/// across the warp (neighbouring threads take neighbouring chunks), and every
-/// pair stays inside one thread: no shuffles, no shared memory.
+/// A chunk is two 16-byte vectors of a row: the one at feature c*W and the one
+/// at feature rotary_dim/2 + c*W (W values per vector). Neighbouring threads
+/// take neighbouring chunks, so each of the two loads is coalesced across the
+/// warp, and both styles keep every pair inside one thread (no shuffles, no
+/// shared memory):
 ///
-/// Interleaved (pair i = features 2i and 2i+1): the pairs sit inside the
-/// vector, so chunk c is the single 16 bytes at feature c*W, holding W/2 pairs.
+/// - half-split (pair i = features i and i + rotary_dim/2): the first vector
+///   holds the x's of pairs cW ... cW+W-1 and the second vector their y's;
+/// - interleaved (pair i = features 2i and 2i+1): the pairs sit inside each
+///   vector, W/2 in the first and W/2 in the second.
+///
+/// Taking the second vector half a rotary block away (rather than the next
+/// one) gives interleaved rows the same access pattern, and the same number of
+/// pairs per thread, as half-split rows: 32 bytes moved per row visit instead
+/// of 16 halves the per-row address arithmetic.
 template <typename Storage, Style kStyle>
 struct VectorPath {
     static constexpr int kWidth = Vector16<Storage>::kWidth;
     /// Pairs rotated per chunk.
-    static constexpr int kPairs = kStyle == Style::half_split ? kWidth : kWidth / 2;
+    static constexpr int kPairs = kWidth;
     /// Pass-through features copied per chunk.
     static constexpr int kPassElements = kWidth;
-    /// Rows a thread loads before rotating the first: four 16-byte loads in flight
-    /// (two per half-split row, one per interleaved row), at a register cost
-    /// that still lets 512 or more threads reside per SM.
-    static constexpr int kRowsInFlight = kStyle == Style::half_split ? 2 : 4;
-    /// Blocks of 256 threads the compiler must fit per SM (1: no register cap).
+    /// Rows a thread loads before rotating the first: 4 (fp32) or 8 (fp16/bf16)
+    /// 16-byte loads in flight; the narrow types spend more instructions per
+    /// byte on conversions and need more bytes in flight to cover them
+    /// (measured on the H200 with rope-cuda-self-check --tune).
+    static constexpr int kRowsInFlight = sizeof(Storage) == 4 ? 2 : 4;
+    /// Blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
     static constexpr int kMinBlocksPerSM = 1;
 
-    /// The raw chunk of one row (`second` is unused for interleaved pairs).
+    /// The raw chunk of one row.
     struct Pairs {
-        Vector16<Storage> first;
-        Vector16<Storage> second;
+        Vector16<Storage> first;   ///< Features cW ... cW+W-1.
+        Vector16<Storage> second;  ///< Features rotary_dim/2 + cW ... rotary_dim/2 + cW+W-1.
     };
 
-    /// Reads chunk @p chunk of a row: the pairs chunk*kPairs ... chunk*kPairs + kPairs-1.
+    /// Whether a plan's pairs split into whole chunks (else the generic path runs).
+    static bool fits(int64_t rotary_dim, int64_t head_dim) {
+        return (rotary_dim / 2) % kWidth == 0 && (head_dim - rotary_dim) % kPassElements == 0;
+    }
+
+    /// Pair index of slot @p p (0 <= p < kPairs) of chunk @p chunk: whose cos/sin it needs.
+    ROPE_HOST_DEVICE static int64_t pair_of(int64_t chunk, int p, int64_t rotary_dim) {
+        if constexpr (kStyle == Style::half_split) return chunk * kWidth + p;
+        // Interleaved: feature f holds half of pair f/2.
+        const int64_t feature = p < kWidth / 2 ? chunk * kWidth + 2 * p : rotary_dim / 2 + chunk * kWidth + 2 * (p - kWidth / 2);
+        return feature / 2;
+    }
+
+    /// Reads chunk @p chunk of a row.
     __device__ static Pairs load(const RowRef<Storage>& row, int64_t chunk, Style, int64_t rotary_dim) {
-        // Where the chunk's first pair sits, by the shared rule; the rest follow contiguously.
-        const PairIndex at = pair_elements(kStyle, rotary_dim, chunk * kPairs);
-        Pairs pairs;
-        pairs.first = load16(row.in + at.first);
-        if constexpr (kStyle == Style::half_split) pairs.second = load16(row.in + at.second);
-        return pairs;
+        const int64_t first = chunk * kWidth;
+        return {load16(row.in + first), load16(row.in + rotary_dim / 2 + first)};
     }
 
     /// Rotates every pair of the chunk, widening to float32 and rounding back.
+    /// Slot p's factors are cos_angle[p], sin_angle[p] (pair pair_of(chunk, p)).
     __device__ static void rotate(Pairs& pairs, const float (&cos_angle)[kPairs], const float (&sin_angle)[kPairs]) {
 #pragma unroll
         for (int p = 0; p < kPairs; ++p) {
-            Storage& x_storage = kStyle == Style::half_split ? pairs.first.value[p] : pairs.first.value[2 * p];
-            Storage& y_storage = kStyle == Style::half_split ? pairs.second.value[p] : pairs.first.value[2 * p + 1];
+            Vector16<Storage>& holder = kStyle == Style::half_split || p < kWidth / 2 ? pairs.first : pairs.second;
+            const int at = p % (kWidth / 2);
+            // Half-split: x in the first vector, y at the same place in the second.
+            // Interleaved: x and y side by side in one vector.
+            Storage& x_storage = kStyle == Style::half_split ? pairs.first.value[p] : holder.value[2 * at];
+            Storage& y_storage = kStyle == Style::half_split ? pairs.second.value[p] : holder.value[2 * at + 1];
             float x = to_float(x_storage);
             float y = to_float(y_storage);
             rotate_pair(x, y, cos_angle[p], sin_angle[p]);
@@ -115,9 +138,9 @@ struct VectorPath {
     /// Writes the chunk back where load() found it, in the output row.
     __device__ static void store(const RowRef<Storage>& row, int64_t chunk, Style, int64_t rotary_dim,
                                  const Pairs& pairs) {
-        const PairIndex at = pair_elements(kStyle, rotary_dim, chunk * kPairs);
-        store16(row.out + at.first, pairs.first);
-        if constexpr (kStyle == Style::half_split) store16(row.out + at.second, pairs.second);
+        const int64_t first = chunk * kWidth;
+        store16(row.out + first, pairs.first);
+        store16(row.out + rotary_dim / 2 + first, pairs.second);
     }
 
     /// Raw 16-byte copy of the pass-through features feature ... feature + kPassElements - 1.
@@ -142,12 +165,18 @@ struct GenericPath {
     static constexpr int kRowsInFlight = 4;  ///< Scalar loads are small: keep more of them in flight.
     static constexpr int kMinBlocksPerSM = 1;  ///< No register cap.
 
+    /// Any plan fits.
+    static bool fits(int64_t, int64_t) { return true; }
+    /// A chunk is one pair.
+    ROPE_HOST_DEVICE static int64_t pair_of(int64_t chunk, int, int64_t) { return chunk; }
+
     /// One pair, already widened to float32.
     struct Pairs {
         float x;
         float y;
     };
 
+    /// Reads pair @p pair of a row.
     __device__ static Pairs load(const RowRef<Storage>& row, int64_t pair, Style style, int64_t rotary_dim) {
         const PairIndex at = pair_elements(style, rotary_dim, pair);
         return {to_float(row.in[at.first * row.in_step]), to_float(row.in[at.second * row.in_step])};

@@ -433,6 +433,54 @@ int check_edges(Backend& gpu) {
     return failures;
 }
 
+// Host-side checks of the CUDA internals that have a host twin: the fast
+// divisor against plain division, and the vector path's chunk layout
+// (pair_of) against the shared pairing rule (pair_elements).
+template <typename Storage, Style kStyle>
+int check_vector_layout() {
+    using Path = cuda_detail::VectorPath<Storage, kStyle>;
+    constexpr int W = Path::kWidth;
+    int failures = 0;
+    for (int64_t rotary_dim = 2 * W; rotary_dim <= 1024; rotary_dim += 2 * W) {
+        for (int64_t chunk = 0; chunk < rotary_dim / 2 / W; ++chunk) {
+            for (int p = 0; p < Path::kPairs; ++p) {
+                // Features rotate() pairs up in slot p: (x, y).
+                int64_t x, y;
+                if (kStyle == Style::half_split) {
+                    x = chunk * W + p;
+                    y = rotary_dim / 2 + chunk * W + p;
+                } else {
+                    const int64_t base = p < W / 2 ? chunk * W : rotary_dim / 2 + chunk * W;
+                    x = base + 2 * (p % (W / 2));
+                    y = x + 1;
+                }
+                const PairIndex want = pair_elements(kStyle, rotary_dim, Path::pair_of(chunk, p, rotary_dim));
+                if (want.first != x || want.second != y) ++failures;
+            }
+        }
+    }
+    return failures;
+}
+
+int check_helpers() {
+    int failures = 0;
+    std::mt19937_64 rng(99);
+    for (int trial = 0; trial < 200000; ++trial) {
+        const int64_t d = trial < 64 ? trial + 1 : int64_t(1 + rng() % (trial % 3 == 0 ? 100 : (int64_t(1) << 31)));
+        const cuda_detail::FastDivisor divisor(d);
+        const int64_t limit = trial % 2 ? (int64_t(1) << 31) : (int64_t(1) << 40);
+        for (int64_t n : {int64_t(0), d - 1, d, d + 1, (int64_t(1) << 31) - 1, int64_t(1) << 31, int64_t(rng() % limit)})
+            if (n >= 0 && divisor.divide(n) != n / d) {
+                if (failures < 5) std::printf("  FAIL FastDivisor(%" PRId64 ").divide(%" PRId64 ")\n", d, n);
+                ++failures;
+            }
+    }
+    failures += check_vector_layout<float, Style::half_split>() + check_vector_layout<float, Style::interleaved>() +
+                check_vector_layout<bfloat16, Style::half_split>() + check_vector_layout<bfloat16, Style::interleaved>();
+    std::printf("helpers (FastDivisor, vector chunk layout vs pair_elements): %s\n", failures ? "FAILED" : "passed");
+    return failures;
+}
+
 // ---------------------------------------------------------------------------
 // More than 2^31 elements
 // ---------------------------------------------------------------------------
@@ -643,36 +691,58 @@ struct Variant {
     double us;
 };
 
+// Times one compiled variant of the vector path under several launch settings.
 template <typename Storage, Style kStyle, int RowsInFlight, int MinBlocks>
-void time_compiled_variant(const Plan& plan, int multiprocessors, cudaStream_t stream, int calls,
+void time_compiled_variant(const Plan& plan, const cuda_detail::DeviceInfo& device, cudaStream_t stream, bool small,
                            std::vector<Variant>& results) {
     using Path = cuda_detail::VectorPath<Storage, kStyle>;
-    for (int block_threads : {128, 256})
-        for (int64_t max_rows : {1, 2, 4, 8, 16, 32, 64})
-            for (bool slice_major : {false, true}) {
-                cuda_detail::LaunchTuning tuning;
-                tuning.block_threads = block_threads;
-                tuning.max_rows_per_slice = max_rows;
-                tuning.target_waves = 1;
-                tuning.slice_major = slice_major;
-                const double us = median_us(stream, 7, calls, [&] {
-                    cuda_detail::launch_optimized<Storage, Path, RowsInFlight, 64, MinBlocks>(plan, multiprocessors, tuning);
-                });
-                results.push_back({RowsInFlight, MinBlocks, tuning, us});
-            }
+    std::vector<LaunchTuning> tunings;
+    if (small) {
+        // Latency regime: block size, rows per thread, programmatic launch.
+        for (int threads : {32, 64, 128})
+            for (int64_t rows : {1, 2, 4})
+                for (bool programmatic : {true, false}) {
+                    LaunchTuning tuning;
+                    tuning.small_block_threads = threads;
+                    tuning.min_rows_per_slice = tuning.max_rows_per_slice = rows;
+                    tuning.programmatic_launch = programmatic;
+                    tunings.push_back(tuning);
+                }
+    } else {
+        for (int threads : {128, 256})
+            for (int64_t rows : {2, 4, 8, 16, 32})
+                for (bool slice_major : {true, false}) {
+                    LaunchTuning tuning;
+                    tuning.block_threads = threads;
+                    tuning.min_rows_per_slice = tuning.max_rows_per_slice = rows;
+                    tuning.slice_major = slice_major;
+                    tunings.push_back(tuning);
+                }
+    }
+    for (const LaunchTuning& tuning : tunings) {
+        auto launch = [&] { cuda_detail::launch_optimized<Storage, Path, RowsInFlight, 64, MinBlocks>(plan, device, tuning); };
+        const double us = small ? graph_us(stream, 9, 200, launch) : median_us(stream, 7, 10, launch);
+        results.push_back({RowsInFlight, MinBlocks, tuning, us});
+    }
 }
 
 int run_tune() {
     cudaStream_t stream;
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    int multiprocessors = 0;
-    check_cuda(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
-    const std::array<int64_t, 4> shapes[] = {{8, 32, 4096, 128}, {4, 32, 2048, 128}};
+    const cuda_detail::DeviceInfo device = cuda_detail::device_info(0);
+    struct Shape {
+        std::array<int64_t, 4> dims;
+        bool small;
+    };
+    const Shape shapes[] = {{{8, 32, 4096, 128}, false}, {{4, 32, 2048, 128}, false}, {{4, 8, 256, 64}, true},
+                            {{1, 32, 1, 128}, true}};
     std::mt19937_64 rng(777);
     std::printf("TUNE,shape,dtype,style,memcpy_us,copy16_us,default_us,default_ratio,best_us,best_ratio,"
-                "best_rif,best_minblocks,best_block,best_rows,best_slice_major\n");
-    for (const auto& dims : shapes) {
+                "best_rif,best_minblocks,best_block,best_rows,best_slice_major_or_programmatic\n");
+    for (const Shape& shape : shapes) {
+        const auto& dims = shape.dims;
         for (DType dtype : {DType::f32, DType::bf16}) {
+            if (shape.small && dtype != DType::f32) continue;
             const int64_t numel = dims[0] * dims[1] * dims[2] * dims[3];
             const size_t bytes = size_t(numel * dtype_size(dtype));
             Buffer q(Device::cuda, bytes), k(Device::cuda, bytes), target(Device::cuda, 2 * bytes);
@@ -681,20 +751,21 @@ int run_tune() {
                 write_value(dtype, host.data(), i, float(int64_t(rng() % 2001) - 1000) / 512.0f + 0.001f);
             q.copy_from_host(host.data());
             k.copy_from_host(host.data());
-            const int calls = 10;
-            const double memcpy_us = median_us(stream, 7, calls, [&] {
+            auto memcpy_both = [&] {
                 check_cuda(cudaMemcpyAsync(target.data(), q.data(), bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
                 check_cuda(cudaMemcpyAsync(static_cast<uint8_t*>(target.data()) + bytes, k.data(), bytes,
                                            cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
-            });
-            const double copy_us = median_us(stream, 7, calls, [&] {
+            };
+            auto copy16_both = [&] {
                 for (int half = 0; half < 2; ++half) {
-                    copy16<<<multiprocessors * 16, 256, 0, stream>>>(static_cast<const uint4*>(half ? k.data() : q.data()),
-                                                                     static_cast<uint4*>(target.data()) + half * (bytes / 16),
-                                                                     int64_t(bytes / 16));
+                    copy16<<<device.multiprocessors * 16, 256, 0, stream>>>(
+                        static_cast<const uint4*>(half ? k.data() : q.data()),
+                        static_cast<uint4*>(target.data()) + half * (bytes / 16), int64_t(bytes / 16));
                     cuda_detail::check_launch("copy16");
                 }
-            });
+            };
+            const double memcpy_us = shape.small ? graph_us(stream, 9, 100, memcpy_both) : median_us(stream, 7, 10, memcpy_both);
+            const double copy_us = shape.small ? graph_us(stream, 9, 100, copy16_both) : median_us(stream, 7, 10, copy16_both);
             for (Style style : {Style::half_split, Style::interleaved}) {
                 RopeConfig config;
                 config.head_dim = dims[3];
@@ -704,39 +775,41 @@ int run_tune() {
                 args.stream = stream;
                 const Plan plan = make_plan(config, args, Device::cuda);
                 auto backend = make_backend("cuda-optimized");
-                const double default_us = median_us(stream, 7, calls, [&] { backend->run(plan); });
+                auto run_default = [&] { backend->run(plan); };
+                const double default_us = shape.small ? graph_us(stream, 9, 200, run_default) : median_us(stream, 7, 10, run_default);
                 std::vector<Variant> results;
                 dispatch_dtype(dtype, [&](auto storage) {
                     using Storage = decltype(storage);
                     if constexpr (!std::is_same_v<Storage, float16>) {
                         auto all = [&]<Style kStyle>() {
-                            time_compiled_variant<Storage, kStyle, 1, 1>(plan, multiprocessors, stream, calls, results);
-                            time_compiled_variant<Storage, kStyle, 2, 1>(plan, multiprocessors, stream, calls, results);
-                            time_compiled_variant<Storage, kStyle, 4, 1>(plan, multiprocessors, stream, calls, results);
-                            time_compiled_variant<Storage, kStyle, 1, 4>(plan, multiprocessors, stream, calls, results);
-                            time_compiled_variant<Storage, kStyle, 2, 4>(plan, multiprocessors, stream, calls, results);
-                            time_compiled_variant<Storage, kStyle, 2, 3>(plan, multiprocessors, stream, calls, results);
-                            time_compiled_variant<Storage, kStyle, 4, 3>(plan, multiprocessors, stream, calls, results);
+                            time_compiled_variant<Storage, kStyle, 2, 1>(plan, device, stream, shape.small, results);
+                            time_compiled_variant<Storage, kStyle, 4, 1>(plan, device, stream, shape.small, results);
+                            if (!shape.small) {
+                                time_compiled_variant<Storage, kStyle, 1, 1>(plan, device, stream, false, results);
+                                time_compiled_variant<Storage, kStyle, 2, 3>(plan, device, stream, false, results);
+                                time_compiled_variant<Storage, kStyle, 4, 3>(plan, device, stream, false, results);
+                            }
                         };
                         if (style == Style::half_split) all.template operator()<Style::half_split>();
                         else all.template operator()<Style::interleaved>();
                     }
                 });
                 std::sort(results.begin(), results.end(), [](const Variant& a, const Variant& b) { return a.us < b.us; });
-                for (size_t i = 0; i < results.size(); ++i) {
-                    const Variant& v = results[i];
+                const char* dtype_text = dtype == DType::f32 ? "fp32" : "bf16";
+                const char* style_text = style == Style::half_split ? "neox" : "gptj";
+                for (const Variant& v : results)
                     std::printf("VARIANT,[%" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "],%s,%s,rif=%d,minblocks=%d,block=%d,"
-                                "rows=%" PRId64 ",slice_major=%d,%.2f,%.4f\n",
-                                dims[0], dims[1], dims[2], dims[3], std::string(dtype_name(dtype)).c_str(),
-                                std::string(style_name(style)).c_str(), v.rows_in_flight, v.min_blocks, v.tuning.block_threads,
-                                v.tuning.max_rows_per_slice, int(v.tuning.slice_major), v.us, memcpy_us / v.us);
-                }
+                                "small_block=%d,rows=%" PRId64 ",slice_major=%d,programmatic=%d,%.3f,%.4f\n",
+                                dims[0], dims[1], dims[2], dims[3], dtype_text, style_text, v.rows_in_flight, v.min_blocks,
+                                v.tuning.block_threads, v.tuning.small_block_threads, v.tuning.max_rows_per_slice,
+                                int(v.tuning.slice_major), int(v.tuning.programmatic_launch), v.us, memcpy_us / v.us);
                 const Variant& best = results.front();
-                std::printf("TUNE,[%" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "],%s,%s,%.2f,%.2f,%.2f,%.4f,%.2f,%.4f,%d,%d,%d,%" PRId64 ",%d\n",
-                            dims[0], dims[1], dims[2], dims[3], std::string(dtype_name(dtype)).c_str(),
-                            std::string(style_name(style)).c_str(), memcpy_us, copy_us, default_us, memcpy_us / default_us,
-                            best.us, memcpy_us / best.us, best.rows_in_flight, best.min_blocks, best.tuning.block_threads,
-                            best.tuning.max_rows_per_slice, int(best.tuning.slice_major));
+                std::printf("TUNE,[%" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "],%s,%s,%.3f,%.3f,%.3f,%.4f,%.3f,%.4f,%d,%d,%d,%" PRId64 ",%d\n",
+                            dims[0], dims[1], dims[2], dims[3], dtype_text, style_text, memcpy_us, copy_us, default_us,
+                            memcpy_us / default_us, best.us, memcpy_us / best.us, best.rows_in_flight, best.min_blocks,
+                            shape.small ? best.tuning.small_block_threads : best.tuning.block_threads,
+                            best.tuning.max_rows_per_slice,
+                            int(shape.small ? best.tuning.programmatic_launch : best.tuning.slice_major));
             }
         }
     }
@@ -783,6 +856,7 @@ int main(int argc, char** argv) {
         if (tune) return run_tune();
         std::printf("rope-cuda-self-check: seed %" PRIu64 " (--seed to repeat), %d random cases per backend\n", seed, cases);
         int failures = 0, passed = 0;
+        (check_helpers() ? failures : passed) += 1;
         auto cpu = make_backend("cpu-naive");
         cudaStream_t stream;
         check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -804,7 +878,7 @@ int main(int argc, char** argv) {
             (backend_failures ? failures : passed) += 1;
         }
         check_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
-        std::printf("%d passed, %d failed\n", passed, failures);  // Backends.
+        std::printf("%d passed, %d failed\n", passed, failures);  // Helper checks and backends.
         return failures ? 1 : 0;
     } catch (const std::exception& error) {
         std::printf("rope-cuda-self-check: error: %s\n", error.what());
