@@ -1,6 +1,6 @@
 # Runs Doxygen, then copies the MathJax files the pages load into html/mathjax.
 #   cmake -DDOXYGEN=<doxygen> -DDOXYFILE=<Doxyfile> -DHTML_DIR=<html> -DMATHJAX_DIR=<libjs-mathjax>
-#         -DSTAMP=<file> -P run_doxygen.cmake
+#         -DSTAMP=<file> [-DPAGES_DIR=<generated pages> -DTUTORIALS_DIR=<tutorials>] -P run_doxygen.cmake
 #
 # html/ is rebuilt from scratch so no page of a removed chapter or symbol
 # survives. Doxygen runs with WARN_AS_ERROR=FAIL_ON_WARNINGS: it reports every
@@ -13,7 +13,16 @@ foreach(required DOXYGEN DOXYFILE HTML_DIR MATHJAX_DIR STAMP)
 endforeach()
 file(REMOVE ${STAMP})
 file(REMOVE_RECURSE ${HTML_DIR})
-execute_process(COMMAND ${DOXYGEN} ${DOXYFILE} RESULT_VARIABLE status)
+execute_process(COMMAND ${DOXYGEN} ${DOXYFILE} RESULT_VARIABLE status
+    OUTPUT_VARIABLE printed ERROR_VARIABLE printed)
+if(printed)
+    # A warning in a generated chapter page names the chapter's own file.
+    if(PAGES_DIR AND TUTORIALS_DIR)
+        string(REGEX REPLACE "${PAGES_DIR}/tutorial_([A-Za-z0-9_]+)\\.md"
+                             "${TUTORIALS_DIR}/\\1/chapter.md" printed "${printed}")
+    endif()
+    message("${printed}")
+endif()
 if(NOT status EQUAL 0)
     message(FATAL_ERROR "docs: Doxygen failed (${status}). The project allows no documentation warnings: "
                         "document every name listed above (file:line), or fix the markup.")
@@ -21,7 +30,7 @@ endif()
 
 # MathJax 2.7 with the SVG output (it needs no web fonts, so it works from
 # file:// in every browser): the loader, the TeX input, the SVG output with its
-# TeX font data, the extensions and the English strings. About 3 MB of the
+# TeX font data, the extensions and the English strings. About 2 MB of the
 # package's 54 MB.
 set(mathjax ${HTML_DIR}/mathjax)
 file(MAKE_DIRECTORY ${mathjax}/jax/output/SVG/fonts ${mathjax}/jax/element ${mathjax}/jax/input ${mathjax}/localization)
