@@ -2,7 +2,8 @@
 // other backend must produce what this one produces (up to float32 rounding).
 //
 // For every sequence b, head h, token s and pair i:
-//   angle = position(b, s) * theta_i            (float32, rope_angle)
+//   angle = position(b, s) * theta_i            (float32, rope_angle; or the
+//                                                precise mode's rope_angle_precise)
 //   (x, y) = the pair's two features             (pair_elements)
 //   (x, y) <- (x cos - y sin, y cos + x sin)     (rotate_pair; sin negated for the inverse)
 // and the features past rotary_dim are copied through unchanged.
@@ -30,7 +31,8 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
             for (int64_t s = 0; s < g.seq; ++s) {
                 const int64_t position = plan.positions.at(b, s);
                 for (int64_t i = 0; i < plan.pairs; ++i) {
-                    const float angle = rope_angle(position, plan.frequencies.inv_freq[size_t(i)]);
+                    const float angle = pair_angle(plan.precise_angles, position, plan.frequencies.inv_freq[size_t(i)],
+                                                   plan.frequencies.inv_freq_exact[size_t(i)]);
                     const float cos_angle = scale * std::cos(angle);
                     const float sin_angle = sign * scale * std::sin(angle);
                     const PairIndex pair = pair_elements(plan.style, plan.rotary_dim, i);

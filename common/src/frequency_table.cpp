@@ -148,6 +148,7 @@ FrequencyTable make_frequency_table(const RopeConfig& config, int64_t max_positi
     FrequencyTable table;
     table.inv_freq.resize(theta.size());
     for (size_t i = 0; i < theta.size(); ++i) table.inv_freq[i] = static_cast<float>(theta[i]);
+    table.inv_freq_exact = theta;
     table.attention_factor = static_cast<float>(attention_factor);
     return table;
 }

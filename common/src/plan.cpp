@@ -202,6 +202,7 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device) {
     plan.q = Operand{args.q.data, args.q_out.data, q, args.q_out.geometry()};
     plan.k = Operand{args.k.data, args.k_out.data, k, args.k_out.geometry()};
     plan.frequencies = make_frequency_table(config, max_position);
+    plan.precise_angles = config.precise_angles;
     plan.stream = args.stream;
     return plan;
 }

@@ -134,6 +134,14 @@ struct RopeConfig {
     double base = 10000.0;      ///< `rope_theta`: theta_i = base^(-2i/rotary_dim).
     Style style = Style::half_split;  ///< Pairing of features.
     Scaling scaling{};          ///< Frequency scaling (context extension).
+    /// Opt-in precise angles. By default (false) every backend forms the angle
+    /// as HuggingFace does, float32(position) * float32(theta_i), whose rounding
+    /// error grows with the position (about 0.06 radians at position 1e6).
+    /// When true, every backend forms position * theta_i in double from a
+    /// double theta_i, reduces it to [-pi, pi] in double, and only then rounds
+    /// to float32 for sin and cos: the error stays at the level of short
+    /// positions at any position. See rope::rope_angle_precise.
+    bool precise_angles = false;
 
     /// @brief rotary_dim with the "0 means head_dim" default resolved.
     int64_t effective_rotary_dim() const { return rotary_dim == 0 ? head_dim : rotary_dim; }

@@ -75,6 +75,7 @@ struct Plan {
     Operand k;               ///< Keys (k.in_geometry.heads may be 0).
     PositionSource positions;  ///< Position of each token.
     FrequencyTable frequencies;  ///< theta_i and the attention factor.
+    bool precise_angles = false; ///< Use rope_angle_precise with frequencies.inv_freq_exact.
     void* stream = nullptr;  ///< CUDA stream, if any.
 
     /// @brief True when there is nothing to do (some size is zero).

@@ -3,6 +3,7 @@
 /// @brief The three rules of RoPE, shared verbatim by every backend:
 /// which features pair up, what angle a pair turns by, and the 2-D rotation.
 
+#include <cmath>
 #include <cstdint>
 
 #include "rope/config.hpp"
@@ -34,6 +35,26 @@ ROPE_HOST_DEVICE inline PairIndex pair_elements(Style style, int64_t rotary_dim,
 /// product is the main error against an exact oracle and grows with position.
 ROPE_HOST_DEVICE inline float rope_angle(int64_t position, float inv_freq) {
     return static_cast<float>(position) * inv_freq;
+}
+
+/// @brief The precise mode's angle of pair i at @p position (RopeConfig::precise_angles).
+///
+/// The product is formed in double from a double theta_i (relative error
+/// about 1e-16, so 4e-10 radians even at position 4M), then reduced to
+/// [-pi, pi] in double, and only then rounded to float32: sin and cos of a
+/// float in [-pi, pi] are accurate to about 1e-7, whatever the position was.
+/// The float32 default cannot do this: float32(position) * theta_i is
+/// already wrong by up to position * 6e-8 radians before any sin is taken.
+ROPE_HOST_DEVICE inline float rope_angle_precise(int64_t position, double inv_freq_exact) {
+    const double two_pi = 6.283185307179586;
+    const double angle = static_cast<double>(position) * inv_freq_exact;
+    const double turns = rint(angle / two_pi);  // whole turns to remove
+    return static_cast<float>(angle - turns * two_pi);
+}
+
+/// @brief The angle every backend uses: rope_angle by default, rope_angle_precise when @p precise.
+ROPE_HOST_DEVICE inline float pair_angle(bool precise, int64_t position, float inv_freq, double inv_freq_exact) {
+    return precise ? rope_angle_precise(position, inv_freq_exact) : rope_angle(position, inv_freq);
 }
 
 /// @brief Rotates (x, y) by the angle whose scaled cosine and sine are given.
