@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -222,7 +223,12 @@ inline std::string csv_path(int argc, char** argv, std::string_view program) {
 class Csv {
 public:
     explicit Csv(const std::string& path) : path_(path) {
-        if (!path.empty()) file_.open(path);
+        if (path.empty()) return;
+        const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+        std::error_code ignored;
+        if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
+        file_.open(path);
+        if (!file_) std::fprintf(stderr, "warning: cannot write the CSV to %s\n", path.c_str());
         file_.precision(9);
     }
     bool enabled() const { return file_.is_open(); }
