@@ -2,12 +2,14 @@
 /// @file check.hpp
 /// @brief Turns CUDA runtime failures into rope::Error (internal to the CUDA backends).
 ///
-/// Every CUDA runtime call returns a status, and a kernel launch reports its
-/// own failures (a bad configuration, a missing kernel image) only through
-/// cudaGetLastError. An unchecked status is a silent wrong answer later on, so
-/// every call goes through check_cuda and every launch through check_launch.
+/// Every CUDA runtime call returns a status, and so does every kernel launch
+/// made through cudaLaunchKernelEx (a bad configuration, a missing kernel
+/// image). An unchecked status is a silent wrong answer later on, so every
+/// call goes through check_cuda and every launch through launch_kernel.
 
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
+
+#include <utility>
 
 #include "rope/error.hpp"
 
@@ -23,13 +25,28 @@ inline void check_cuda(cudaError_t status, const char* call) {
     if (status != cudaSuccess) fail(call, cudaGetErrorName(status), cudaGetErrorString(status));
 }
 
-/// @brief Checks that the kernel launch just issued was accepted.
-/// @param kernel name of the kernel, for the message
+/// @brief A launch configuration: grid, block, stream, no dynamic shared memory, no attributes.
+inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, cudaStream_t stream) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.stream = stream;
+    return config;
+}
+
+/// @brief Launches @p kernel as `kernel<<<grid, block, 0, stream>>>(args...)` would, and
+/// throws rope::Error with CUDA's text if this launch was refused.
+/// @param name the kernel's name, for the message
 ///
-/// cudaGetLastError reads (and clears) the error of the most recent launch on
-/// this thread without waiting for the kernel to run: it costs no
-/// synchronisation. Faults that happen while the kernel runs surface at the
-/// next synchronising call, as CUDA always reports them.
-inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
+/// Why not `<<<...>>>` followed by cudaGetLastError: that reads the calling
+/// thread's last error, which may be left over from an unrelated earlier call
+/// (a failed cudaMalloc, say) and would be blamed on this kernel.
+/// cudaLaunchKernelEx returns the status of this launch alone, at no extra
+/// cost and without synchronising. Faults that happen while the kernel runs
+/// surface at the next synchronising call, as CUDA always reports them.
+template <typename... Params, typename... Args>
+void launch_kernel(const char* name, const cudaLaunchConfig_t& config, void (*kernel)(Params...), Args&&... args) {
+    check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
+}
 
 }  // namespace rope::cuda_detail

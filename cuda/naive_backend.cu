@@ -111,8 +111,10 @@ public:
         const unsigned grid = static_cast<unsigned>(blocks < INT_MAX ? blocks : INT_MAX);  // The loop covers the rest.
         dispatch_dtype(plan.dtype, [&](auto storage) {
             using Storage = decltype(storage);
-            rope_naive_kernel<Storage><<<grid, threads, 0, cuda_detail::stream_of(plan)>>>(args);
-            cuda_detail::check_launch("rope_naive_kernel");
+            // rope_naive_kernel<Storage><<<grid, threads, 0, stream>>>(args), with its status checked.
+            cuda_detail::launch_kernel("rope_naive_kernel",
+                                       cuda_detail::launch_config(grid, threads, cuda_detail::stream_of(plan)),
+                                       rope_naive_kernel<Storage>, args);
         });
     }
 };

@@ -17,9 +17,10 @@
 ///     it visits. cuda-naive instead recomputes them for every head.
 ///  3. Bytes in flight. DRAM answers after about a microsecond; to keep
 ///     4.8 TB/s busy each SM needs tens of kilobytes requested at once. A
-///     thread therefore loads Path::kRowsInFlight rows (the default) before it uses the first, and
-///     issues its first loads before it computes sincosf, so that the
-///     arithmetic hides under the memory latency.
+///     thread loads a batch of rows before it uses the first, issues the next
+///     batch's loads before it computes the current one (a software
+///     pipeline), and issues its first loads before it computes sincosf, so
+///     that arithmetic always overlaps memory latency.
 ///  4. A grid shaped for both regimes. Long sequences: many short-lived
 ///     blocks, several waves over all SMs, so the tail is short. Decode (one
 ///     token, many heads): the heads are split over many small blocks, so the
@@ -163,20 +164,24 @@ __device__ inline bool in_place(const OptimizedArgs<Capacity>& args, int64_t row
 }
 
 /// Rotates chunk @p chunk of rows [row_begin, row_end) of token (b, s).
+///
+/// A software pipeline over batches of RowsInFlight rows: the loads of the
+/// next batch are issued before the current batch is rotated and stored, so
+/// memory requests stay in flight while the thread computes (3. above). Safe
+/// in place too: a batch's stores touch only its own rows.
 template <typename Storage, typename Path, int RowsInFlight, int Capacity>
 __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const TokenRows<Storage>& token,
                                    int64_t position_b, int64_t position_s, int64_t row_begin, int64_t row_end,
                                    int64_t chunk) {
-    typename Path::Pairs data[RowsInFlight];
-    // All loads of a batch go out before any of them is needed (3. above).
+    typename Path::Pairs current[RowsInFlight], next[RowsInFlight];
     // Row addresses are recomputed at the store (one multiply-add) rather than
     // kept: registers, not arithmetic, limit how many threads fit on an SM.
-    auto load_batch = [&](int64_t first) {
+    auto load_batch = [&](typename Path::Pairs (&batch)[RowsInFlight], int64_t first) {
 #pragma unroll
         for (int u = 0; u < RowsInFlight; ++u)
-            if (first + u < row_end) data[u] = Path::load(locate_row(args, token, first + u), chunk, args.style, args.rotary_dim);
+            if (first + u < row_end) batch[u] = Path::load(locate_row(args, token, first + u), chunk, args.style, args.rotary_dim);
     };
-    load_batch(row_begin);
+    load_batch(current, row_begin);
 
     // cos/sin of this thread's pairs at this token: computed once, here, while
     // the first loads are in flight, then reused for every row below (2. above).
@@ -186,17 +191,19 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const To
     for (int p = 0; p < Path::kPairs; ++p)
         rotation_factors(args.freq, position, Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
 
-    for (int64_t first = row_begin;;) {
+    for (int64_t first = row_begin;; first += RowsInFlight) {
+        const bool more = first + RowsInFlight < row_end;
+        if (more) load_batch(next, first + RowsInFlight);  // In flight while this batch is computed.
 #pragma unroll
         for (int u = 0; u < RowsInFlight; ++u) {
             if (first + u < row_end) {
-                Path::rotate(data[u], cos_angle, sin_angle);
-                Path::store(locate_row(args, token, first + u), chunk, args.style, args.rotary_dim, data[u]);
+                Path::rotate(current[u], cos_angle, sin_angle);
+                Path::store(locate_row(args, token, first + u), chunk, args.style, args.rotary_dim, current[u]);
             }
         }
-        first += RowsInFlight;
-        if (first >= row_end) break;
-        load_batch(first);
+        if (!more) break;
+#pragma unroll
+        for (int u = 0; u < RowsInFlight; ++u) current[u] = next[u];
     }
 }
 
@@ -346,18 +353,17 @@ void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTu
     args.by_slices = FastDivisor(args.slices);
     args.by_tokens = FastDivisor(args.tokens);
 
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)));  // The unit loop covers the rest.
-    config.blockDim = dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
-    config.stream = stream_of(plan);
+    cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX))),  // The unit loop covers the rest.
+                                              dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y)),
+                                              stream_of(plan));
     // See the kernel's griddepcontrol: the launch may overlap the previous kernel's tail.
     cudaLaunchAttribute programmatic{};
     programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     programmatic.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &programmatic;
     config.numAttrs = device.programmatic_launch && tuning.programmatic_launch ? 1 : 0;
-    check_cuda(cudaLaunchKernelEx(&config, rope_optimized_kernel<Storage, Path, RowsInFlight, Capacity, MinBlocksPerSM>, args),
-               "cudaLaunchKernelEx(rope_optimized_kernel)");
+    launch_kernel("rope_optimized_kernel", config, rope_optimized_kernel<Storage, Path, RowsInFlight, Capacity, MinBlocksPerSM>,
+                  args);
 }
 
 }  // namespace rope::cuda_detail

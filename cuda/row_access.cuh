@@ -83,11 +83,10 @@ struct VectorPath {
     static constexpr int kPairs = kWidth;
     /// Pass-through features copied per chunk.
     static constexpr int kPassElements = kWidth;
-    /// Rows a thread loads before rotating the first: 4 (fp32) or 8 (fp16/bf16)
-    /// 16-byte loads in flight; the narrow types spend more instructions per
-    /// byte on conversions and need more bytes in flight to cover them
-    /// (measured on the H200 with rope-cuda-self-check --tune).
-    static constexpr int kRowsInFlight = sizeof(Storage) == 4 ? 2 : 4;
+    /// Rows per batch of the load pipeline (two batches are live): 2 rows =
+    /// four 16-byte loads per batch (measured on the H200 with
+    /// rope-cuda-self-check --tune).
+    static constexpr int kRowsInFlight = 2;
     /// Blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
     static constexpr int kMinBlocksPerSM = 1;
 

@@ -417,6 +417,26 @@ int check_edges(Backend& gpu) {
         const TensorView vq = TensorView::contiguous(host.data(), DType::f32, Device::host, Layout::bhsd, {1, 1, 1, 8});
         expect_error("host tensor", "q.device", [&] { apply(gpu, config, RopeArgs::in_place(vq, vq)); });
     }
+    // A stale error from an unrelated failed call is not blamed on the next launch.
+    {
+        void* huge = nullptr;
+        if (cudaMalloc(&huge, size_t(1) << 50) == cudaSuccess) cudaFree(huge);  // Fails: 1 PiB.
+        RopeConfig config;
+        config.head_dim = 8;
+        Buffer q(Device::cuda, 8 * sizeof(float));
+        std::vector<float> ones(8, 1.0f);
+        q.copy_from_host(ones.data());
+        const TensorView vq = TensorView::contiguous(q.data(), DType::f32, Device::cuda, Layout::bhsd, {1, 1, 1, 8});
+        const TensorView vk = TensorView::contiguous(nullptr, DType::f32, Device::cuda, Layout::bhsd, {1, 0, 1, 8});
+        try {
+            apply(gpu, config, RopeArgs::in_place(vq, vk));
+            check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+        } catch (const std::exception& error) {
+            std::printf("  FAIL launch after a failed cudaMalloc: %s\n", error.what());
+            ++failures;
+        }
+        cudaGetLastError();  // Leave the thread's error state clean for what follows.
+    }
     // An empty call is a no-op.
     {
         RopeConfig config;
@@ -511,8 +531,7 @@ int check_large(Backend& gpu) {
     Buffer memory(Device::cuda, size_t(numel + 8) * sizeof(bfloat16));
     for (int shift = 0; shift < 2; ++shift) {
         auto* base = static_cast<bfloat16*>(memory.data());
-        fill_hashed<<<4096, 256>>>(base, numel + 8);
-        cuda_detail::check_launch("fill_hashed");
+        cuda_detail::launch_kernel("fill_hashed", cuda_detail::launch_config(4096, 256, nullptr), fill_hashed, base, numel + 8);
         bfloat16* q_data = base + shift;
         // Rows to check: the one holding element 2^31, its neighbours, and the last three.
         const int64_t boundary_row = (int64_t(1) << 31) / head_dim;
@@ -691,15 +710,54 @@ struct Variant {
     double us;
 };
 
-// Times one compiled variant of the vector path under several launch settings.
-template <typename Storage, Style kStyle, int RowsInFlight, int MinBlocks>
+// An experiment, not used by the backend: the 16-byte bf16 path with the
+// hardware's paired float->bf16 conversion (cvt.rn.bf16x2.f32, round to
+// nearest even like rope::to_bfloat16; NaN payloads differ) instead of
+// rope::from_float's integer arithmetic, to measure what the conversion costs.
+template <Style kStyle>
+struct HardwareConvertPath : cuda_detail::VectorPath<bfloat16, kStyle> {
+    using Base = cuda_detail::VectorPath<bfloat16, kStyle>;
+    using typename Base::Pairs;
+    __device__ static uint32_t pack(float low, float high) {
+        uint32_t packed;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+        return packed;
+    }
+    __device__ static void rotate(Pairs& pairs, const float (&cos_angle)[Base::kPairs], const float (&sin_angle)[Base::kPairs]) {
+        float first[8], second[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            first[i] = to_float(pairs.first.value[i]);
+            second[i] = to_float(pairs.second.value[i]);
+        }
+#pragma unroll
+        for (int p = 0; p < 8; ++p) {
+            if (kStyle == Style::half_split) {
+                rotate_pair(first[p], second[p], cos_angle[p], sin_angle[p]);
+            } else {
+                float* v = p < 4 ? first : second;
+                rotate_pair(v[2 * (p % 4)], v[2 * (p % 4) + 1], cos_angle[p], sin_angle[p]);
+            }
+        }
+        uint32_t words[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            words[i] = pack(first[2 * i], first[2 * i + 1]);
+            words[4 + i] = pack(second[2 * i], second[2 * i + 1]);
+        }
+        memcpy(&pairs.first, words, 16);
+        memcpy(&pairs.second, words + 4, 16);
+    }
+};
+
+// Times one compiled variant of a path under several launch settings.
+template <typename Storage, typename Path, int RowsInFlight, int MinBlocks>
 void time_compiled_variant(const Plan& plan, const cuda_detail::DeviceInfo& device, cudaStream_t stream, bool small,
-                           std::vector<Variant>& results) {
-    using Path = cuda_detail::VectorPath<Storage, kStyle>;
+                           std::vector<Variant>& results, int tag = 0) {
     std::vector<LaunchTuning> tunings;
     if (small) {
         // Latency regime: block size, rows per thread, programmatic launch.
-        for (int threads : {32, 64, 128})
+        for (int threads : {64, 128})
             for (int64_t rows : {1, 2, 4})
                 for (bool programmatic : {true, false}) {
                     LaunchTuning tuning;
@@ -710,21 +768,23 @@ void time_compiled_variant(const Plan& plan, const cuda_detail::DeviceInfo& devi
                 }
     } else {
         for (int threads : {128, 256})
-            for (int64_t rows : {2, 4, 8, 16, 32})
-                for (bool slice_major : {true, false}) {
+            for (int64_t rows : {4, 8, 16, 32})
+                for (bool programmatic : {true, false}) {
                     LaunchTuning tuning;
                     tuning.block_threads = threads;
                     tuning.min_rows_per_slice = tuning.max_rows_per_slice = rows;
-                    tuning.slice_major = slice_major;
+                    tuning.programmatic_launch = programmatic;
                     tunings.push_back(tuning);
                 }
     }
     for (const LaunchTuning& tuning : tunings) {
         auto launch = [&] { cuda_detail::launch_optimized<Storage, Path, RowsInFlight, 64, MinBlocks>(plan, device, tuning); };
         const double us = small ? graph_us(stream, 9, 200, launch) : median_us(stream, 7, 10, launch);
-        results.push_back({RowsInFlight, MinBlocks, tuning, us});
+        results.push_back({RowsInFlight, MinBlocks + 100 * tag, tuning, us});
     }
 }
+
+__global__ void empty_kernel() {}
 
 int run_tune() {
     cudaStream_t stream;
@@ -737,6 +797,21 @@ int run_tune() {
     const Shape shapes[] = {{{8, 32, 4096, 128}, false}, {{4, 32, 2048, 128}, false}, {{4, 8, 256, 64}, true},
                             {{1, 32, 1, 128}, true}};
     std::mt19937_64 rng(777);
+    // Floors of a graph-replayed launch on this machine: an empty kernel, and a
+    // 16-byte copy of decode's q and k (2 x 32 KB).
+    {
+        Buffer source(Device::cuda, 65536), target(Device::cuda, 65536);
+        check_cuda(cudaMemset(source.data(), 1, 65536), "cudaMemset");
+        const double empty = graph_us(stream, 9, 200, [&] {
+            cuda_detail::launch_kernel("empty_kernel", cuda_detail::launch_config(1, 32, stream), empty_kernel);
+        });
+        const double copy = graph_us(stream, 9, 200, [&] {
+            cuda_detail::launch_kernel("copy16", cuda_detail::launch_config(16, 256, stream), copy16,
+                                       static_cast<const uint4*>(source.data()), static_cast<uint4*>(target.data()),
+                                       int64_t(65536 / 16));
+        });
+        std::printf("FLOOR,graph-replayed empty kernel %.3f us, 64 KB copy kernel %.3f us\n", empty, copy);
+    }
     std::printf("TUNE,shape,dtype,style,memcpy_us,copy16_us,default_us,default_ratio,best_us,best_ratio,"
                 "best_rif,best_minblocks,best_block,best_rows,best_slice_major_or_programmatic\n");
     for (const Shape& shape : shapes) {
@@ -758,10 +833,9 @@ int run_tune() {
             };
             auto copy16_both = [&] {
                 for (int half = 0; half < 2; ++half) {
-                    copy16<<<device.multiprocessors * 16, 256, 0, stream>>>(
-                        static_cast<const uint4*>(half ? k.data() : q.data()),
-                        static_cast<uint4*>(target.data()) + half * (bytes / 16), int64_t(bytes / 16));
-                    cuda_detail::check_launch("copy16");
+                    cuda_detail::launch_kernel("copy16", cuda_detail::launch_config(device.multiprocessors * 16, 256, stream), copy16,
+                                               static_cast<const uint4*>(half ? k.data() : q.data()),
+                                               static_cast<uint4*>(target.data()) + half * (bytes / 16), int64_t(bytes / 16));
                 }
             };
             const double memcpy_us = shape.small ? graph_us(stream, 9, 100, memcpy_both) : median_us(stream, 7, 10, memcpy_both);
@@ -782,12 +856,18 @@ int run_tune() {
                     using Storage = decltype(storage);
                     if constexpr (!std::is_same_v<Storage, float16>) {
                         auto all = [&]<Style kStyle>() {
-                            time_compiled_variant<Storage, kStyle, 2, 1>(plan, device, stream, shape.small, results);
-                            time_compiled_variant<Storage, kStyle, 4, 1>(plan, device, stream, shape.small, results);
+                            using Path = cuda_detail::VectorPath<Storage, kStyle>;
+                            time_compiled_variant<Storage, Path, 1, 1>(plan, device, stream, shape.small, results);
+                            time_compiled_variant<Storage, Path, 2, 1>(plan, device, stream, shape.small, results);
                             if (!shape.small) {
-                                time_compiled_variant<Storage, kStyle, 1, 1>(plan, device, stream, false, results);
-                                time_compiled_variant<Storage, kStyle, 2, 3>(plan, device, stream, false, results);
-                                time_compiled_variant<Storage, kStyle, 4, 3>(plan, device, stream, false, results);
+                                time_compiled_variant<Storage, Path, 4, 1>(plan, device, stream, false, results);
+                                time_compiled_variant<Storage, Path, 1, 3>(plan, device, stream, false, results);
+                                time_compiled_variant<Storage, Path, 2, 3>(plan, device, stream, false, results);
+                                if constexpr (std::is_same_v<Storage, bfloat16>) {
+                                    // minblocks + 100 in the output marks the hardware-conversion experiment.
+                                    time_compiled_variant<Storage, HardwareConvertPath<kStyle>, 1, 1>(plan, device, stream, false, results, 1);
+                                    time_compiled_variant<Storage, HardwareConvertPath<kStyle>, 2, 1>(plan, device, stream, false, results, 1);
+                                }
                             }
                         };
                         if (style == Style::half_split) all.template operator()<Style::half_split>();
