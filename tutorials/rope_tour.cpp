@@ -74,7 +74,7 @@ Outcome run(rope::Backend& backend, const rope::RopeConfig& config, const std::v
                                                {batch, heads, seq, head_dim});
         const auto start = std::chrono::steady_clock::now();
         rope::apply(backend, config, rope::RopeArgs::in_place(qv, kv));
-        rope::cuda_synchronize();  // Device work is asynchronous; a no-op for host backends.
+        if (device == rope::Device::cuda) rope::cuda_synchronize();  // Device work is asynchronous.
         times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
     }
     std::sort(times.begin(), times.end());
