@@ -23,3 +23,10 @@
 #include "rope/positions.hpp"
 #include "rope/rotation.hpp"
 #include "rope/tensor.hpp"
+
+/// @brief Rotary Position Embedding: the interface shared by every backend.
+///
+/// Describe the model with RopeConfig, the tensors with TensorView and the
+/// positions with Positions; create a backend by name with make_backend() and
+/// call apply(). Every invalid argument raises rope::Error.
+namespace rope {}
