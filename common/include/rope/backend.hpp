@@ -26,11 +26,14 @@ class Backend {
 public:
     virtual ~Backend() = default;
     /// @brief Registry name, e.g. "cpu-naive".
+    /// @return the name make_backend() knows this backend by.
     virtual std::string name() const = 0;
     /// @brief Where this backend expects q, k, outputs and position ids to live.
+    /// @return Device::host for CPU backends, Device::cuda for CUDA backends.
     virtual Device device() const = 0;
     /// @brief Executes @p plan. Device backends enqueue on plan.stream and return
     /// without synchronising.
+    /// @param plan a validated, non-empty call, built by make_plan() for this backend's device().
     virtual void run(const Plan& plan) = 0;
 };
 
@@ -44,19 +47,29 @@ struct BackendInfo {
 };
 
 /// @brief Every backend rope knows, available on this machine or not, in teaching order.
+/// @return one BackendInfo per backend: cpu-naive, cpu-eigen, cuda-naive, cuda-optimized.
 std::vector<BackendInfo> list_backends();
 
 /// @brief Information on the backend called @p name.
+/// @param name registry name, e.g. "cuda-optimized".
+/// @return its entry of list_backends(), including whether it is available here and why not.
 /// @throws rope::Error if no backend has that name.
 BackendInfo backend_info(std::string_view name);
 
 /// @brief Creates the backend called @p name ("cpu-naive", "cpu-eigen", "cuda-naive", "cuda-optimized").
-/// @throws rope::Error if the name is unknown or the backend is unavailable here (with the reason).
+/// @param name registry name of the backend.
+/// @param options creation options (worker threads); threads must be >= 0.
+/// @return the new backend, owned by the caller.
+/// @throws rope::Error if the name is unknown, the backend is unavailable here (with the reason),
+/// or options.threads is negative.
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options = {});
 
 /// @brief Validates the call and runs it on @p backend: the library's main entry point.
 ///
 /// An empty tensor is a valid no-op. On error nothing is written.
+/// @param backend the backend that runs the call; its device() must be where the tensors live.
+/// @param config the model's RoPE: pairing style, dimensions, base and scaling.
+/// @param args the tensors, positions, direction and stream of this call.
 /// @throws rope::Error naming the offending parameter and its value.
 void apply(Backend& backend, const RopeConfig& config, const RopeArgs& args);
 

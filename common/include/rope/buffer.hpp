@@ -19,25 +19,38 @@ public:
     /// @brief An empty buffer that owns nothing.
     Buffer() = default;
     /// @brief Allocates @p bytes on @p device (zero bytes allocates nothing).
+    /// @param device where to allocate: host (malloc) or cuda (cudaMalloc).
+    /// @param bytes size of the allocation in bytes.
+    /// @throws rope::Error if the allocation fails, or for Device::cuda in a build without CUDA.
     Buffer(Device device, std::size_t bytes);
     ~Buffer();
     Buffer(const Buffer&) = delete;
     Buffer& operator=(const Buffer&) = delete;
     /// @brief Takes ownership from @p other, leaving it empty.
+    /// @param other the buffer to move from.
     Buffer(Buffer&& other) noexcept;
-    /// @brief Frees this buffer's memory and takes ownership from @p other.
+    /// @brief Frees this buffer's memory and takes ownership from @p other, leaving it empty.
+    /// @param other the buffer to move from (self-assignment does nothing).
+    /// @return `*this`.
     Buffer& operator=(Buffer&& other) noexcept;
 
-    /// @brief Start of the memory (null when empty).
+    /// @brief Start of the memory.
+    /// @return the allocation's address (null when empty).
     void* data() const { return data_; }
     /// @brief Size in bytes.
+    /// @return the number of bytes allocated (0 when empty).
     std::size_t bytes() const { return bytes_; }
     /// @brief Where the memory lives.
+    /// @return the device given at construction (Device::host for a default-constructed buffer).
     Device device() const { return device_; }
 
     /// @brief Copies bytes() bytes from host memory @p source into this buffer (synchronous).
+    /// @param source host memory holding at least bytes() bytes.
+    /// @throws rope::Error if the CUDA copy fails.
     void copy_from_host(const void* source);
     /// @brief Copies bytes() bytes from this buffer into host memory @p destination (synchronous).
+    /// @param destination host memory with room for at least bytes() bytes.
+    /// @throws rope::Error if the CUDA copy fails.
     void copy_to_host(void* destination) const;
 
 private:
@@ -47,13 +60,16 @@ private:
     Device device_ = Device::host;
 };
 
-/// @brief Number of CUDA devices usable here (0 in a build without CUDA or on a machine without a GPU).
+/// @brief Number of CUDA devices usable here.
+/// @return the CUDA device count (0 in a build without CUDA or on a machine without a GPU).
 int cuda_device_count();
 
-/// @brief Why CUDA is unusable here ("built without CUDA", "no CUDA device: ..."), or "" if it is usable.
+/// @brief Why CUDA is unusable here.
+/// @return the reason ("built without CUDA ...", "no CUDA device ..."), or "" if CUDA is usable.
 std::string cuda_unavailable_reason();
 
 /// @brief Blocks until all work on the current CUDA device has finished (no-op without CUDA).
+/// @throws rope::Error if the device reports an error (e.g. from an earlier asynchronous launch).
 void cuda_synchronize();
 
 }  // namespace rope

@@ -18,10 +18,15 @@ enum class Style {
     interleaved,
 };
 
-/// @brief "neox" for half-split, "gptj" for interleaved (the names used on command lines).
+/// @brief Name of a pairing style, as used on command lines.
+/// @param style the style to name.
+/// @return "neox" for half-split, "gptj" for interleaved.
 constexpr std::string_view style_name(Style style) { return style == Style::half_split ? "neox" : "gptj"; }
 
-/// @brief Parses "neox"/"half_split" or "gptj"/"interleaved"; throws rope::Error otherwise.
+/// @brief Parses a pairing style name.
+/// @param name "neox", "half_split" or "half-split"; or "gptj" or "interleaved".
+/// @return Style::half_split or Style::interleaved.
+/// @throws rope::Error for any other name.
 Style parse_style(std::string_view name);
 
 /// @brief Which way to rotate.
@@ -62,11 +67,15 @@ enum class ScalingType {
     longrope,
 };
 
-/// @brief The `rope_type` string of @p type as HuggingFace spells it ("default" for none).
+/// @brief The `rope_type` string of @p type as HuggingFace spells it.
+/// @param type the scaling type to name.
+/// @return "default" (for none), "linear", "dynamic", "yarn", "llama3" or "longrope".
 std::string_view scaling_type_name(ScalingType type);
 
-/// @brief Parses a HuggingFace `rope_type` string: "default" (or "none"), "linear",
-/// "dynamic", "yarn", "llama3" or "longrope"; throws rope::Error otherwise.
+/// @brief Parses a HuggingFace `rope_type` string.
+/// @param rope_type "default" (or "none"), "linear", "dynamic", "yarn", "llama3" or "longrope".
+/// @return the matching ScalingType (ScalingType::none for "default").
+/// @throws rope::Error for any other string.
 ScalingType parse_scaling_type(std::string_view rope_type);
 
 /// @brief Frequency scaling parameters, named as in a HuggingFace model config
@@ -144,14 +153,19 @@ struct RopeConfig {
     bool precise_angles = false;
 
     /// @brief rotary_dim with the "0 means head_dim" default resolved.
+    /// @return head_dim when rotary_dim is 0, else rotary_dim.
     int64_t effective_rotary_dim() const { return rotary_dim == 0 ? head_dim : rotary_dim; }
 };
 
-/// @brief Throws rope::Error naming the field and its value if @p config is not usable
-/// (head_dim <= 0, rotary_dim odd, negative or > head_dim, base not finite or <= 0,
-/// or a scaling field the chosen type reads out of range, e.g. factor not finite
-/// or <= 0, original_max_position_embeddings <= 0, beta_fast <= beta_slow,
-/// low_freq_factor >= high_freq_factor, a factor list whose length is not rotary_dim/2).
+/// @brief Checks that @p config is usable.
+/// @param config the configuration to check.
+/// @throws rope::Error naming the field and its value if it is not: head_dim <= 0,
+/// rotary_dim odd, negative or > head_dim, base not finite or <= 0, or a scaling
+/// field the chosen type reads out of range (e.g. factor not finite or <= 0,
+/// original_max_position_embeddings <= 0, beta_fast <= beta_slow,
+/// low_freq_factor >= high_freq_factor, a factor list whose length is not
+/// rotary_dim/2), or set for a type that does not read it (attention_factor,
+/// short_factor, long_factor).
 void validate(const RopeConfig& config);
 
 }  // namespace rope

@@ -24,9 +24,13 @@ enum class DType {
 };
 
 /// @brief Size in bytes of one element of @p dtype.
+/// @param dtype the storage type.
+/// @return 4 for f32, 2 for f16 and bf16.
 constexpr int64_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
 
-/// @brief Short name of @p dtype as used on command lines: "fp32", "fp16", "bf16".
+/// @brief Short name of @p dtype as used on command lines.
+/// @param dtype the storage type to name.
+/// @return "fp32", "fp16" or "bf16".
 constexpr std::string_view dtype_name(DType dtype) {
     switch (dtype) {
         case DType::f32: return "fp32";
@@ -36,7 +40,10 @@ constexpr std::string_view dtype_name(DType dtype) {
     return "unknown";
 }
 
-/// @brief Parses "fp32"/"float32", "fp16"/"float16", "bf16"/"bfloat16"; throws rope::Error otherwise.
+/// @brief Parses a storage type name.
+/// @param name "fp32", "float32" or "f32"; "fp16", "float16" or "f16"; "bf16" or "bfloat16".
+/// @return the matching DType.
+/// @throws rope::Error for any other name.
 DType parse_dtype(std::string_view name);
 
 /// @brief A bfloat16 value held as its 16 raw bits.
@@ -50,6 +57,8 @@ struct float16 {
 };
 
 /// @brief Reinterprets the bits of a float as uint32 (no conversion).
+/// @param value the float to reinterpret.
+/// @return its IEEE-754 binary32 bit pattern.
 ROPE_HOST_DEVICE inline uint32_t float_bits(float value) {
     uint32_t bits;
     std::memcpy(&bits, &value, sizeof bits);
@@ -57,6 +66,8 @@ ROPE_HOST_DEVICE inline uint32_t float_bits(float value) {
 }
 
 /// @brief Reinterprets uint32 bits as a float (no conversion).
+/// @param bits an IEEE-754 binary32 bit pattern.
+/// @return the float with those bits.
 ROPE_HOST_DEVICE inline float bits_to_float(uint32_t bits) {
     float value;
     std::memcpy(&value, &bits, sizeof value);
@@ -64,12 +75,18 @@ ROPE_HOST_DEVICE inline float bits_to_float(uint32_t bits) {
 }
 
 /// @brief Widens bfloat16 to float32: exact, just a shift.
+/// @param value the bfloat16 value.
+/// @return the same value as float32.
 ROPE_HOST_DEVICE inline float to_float(bfloat16 value) { return bits_to_float(uint32_t(value.bits) << 16); }
 
 /// @brief Identity, so templated code can call to_float on any storage type.
+/// @param value a float32 value.
+/// @return @p value unchanged.
 ROPE_HOST_DEVICE inline float to_float(float value) { return value; }
 
 /// @brief Widens binary16 to float32 (exact), handling zeros, subnormals, inf and NaN.
+/// @param value the binary16 value.
+/// @return the same value as float32.
 ROPE_HOST_DEVICE inline float to_float(float16 value) {
     const uint32_t sign = uint32_t(value.bits & 0x8000u) << 16;
     const uint32_t exponent = (value.bits >> 10) & 0x1fu;
@@ -82,6 +99,8 @@ ROPE_HOST_DEVICE inline float to_float(float16 value) {
 }
 
 /// @brief Rounds float32 to bfloat16, to nearest with ties to even; NaN stays NaN.
+/// @param value the float32 value.
+/// @return the nearest bfloat16 (a quiet NaN for any NaN).
 ROPE_HOST_DEVICE inline bfloat16 to_bfloat16(float value) {
     const uint32_t bits = float_bits(value);
     if ((bits & 0x7fffffffu) > 0x7f800000u) return bfloat16{uint16_t((bits >> 16) | 0x40u)};  // quiet NaN
@@ -91,6 +110,8 @@ ROPE_HOST_DEVICE inline bfloat16 to_bfloat16(float value) {
 
 /// @brief Rounds float32 to binary16, to nearest with ties to even, with
 /// overflow to infinity and gradual underflow to subnormals.
+/// @param value the float32 value.
+/// @return the nearest binary16 (infinity past 65504, a quiet NaN for any NaN).
 ROPE_HOST_DEVICE inline float16 to_float16(float value) {
     const uint32_t bits = float_bits(value);
     const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
@@ -111,6 +132,9 @@ ROPE_HOST_DEVICE inline float16 to_float16(float value) {
 }
 
 /// @brief Converts a float32 result into storage type @p Storage (float, float16 or bfloat16).
+/// @tparam Storage float, float16 or bfloat16.
+/// @param value the float32 value.
+/// @return @p value unchanged for float, else rounded by to_float16() or to_bfloat16().
 template <typename Storage>
 ROPE_HOST_DEVICE inline Storage from_float(float value) {
     if constexpr (std::is_same_v<Storage, float>) return value;
@@ -119,6 +143,8 @@ ROPE_HOST_DEVICE inline Storage from_float(float value) {
 }
 
 /// @brief DType tag of a storage type, for templated code.
+/// @tparam Storage float, float16 or bfloat16.
+/// @return DType::f32, DType::f16 or DType::bf16.
 template <typename Storage>
 constexpr DType dtype_of() {
     if constexpr (std::is_same_v<Storage, float>) return DType::f32;
@@ -130,6 +156,10 @@ constexpr DType dtype_of() {
 ///
 /// This is the single place that turns the run-time dtype into a compile-time
 /// type; every backend uses it instead of writing its own switch.
+/// @tparam Body a callable (typically a generic lambda) accepting float, float16 and bfloat16.
+/// @param dtype the run-time storage type.
+/// @param body called once with a value-initialized float, float16 or bfloat16.
+/// @return whatever @p body returns.
 template <typename Body>
 decltype(auto) dispatch_dtype(DType dtype, Body&& body) {
     switch (dtype) {

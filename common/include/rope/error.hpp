@@ -17,6 +17,7 @@ namespace rope {
 class Error : public std::runtime_error {
 public:
     /// @brief Wraps an already formatted message.
+    /// @param message the full text what() returns.
     explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
@@ -24,6 +25,8 @@ public:
 /// @param parameter name of the argument or field, as the user spells it
 /// @param value the offending value (anything that can be streamed)
 /// @param reason what the value should have been
+/// @tparam Value any type with an `operator<<` for std::ostream
+/// @throws rope::Error always.
 template <typename Value>
 [[noreturn]] void fail(std::string_view parameter, const Value& value, std::string_view reason) {
     std::ostringstream message;

@@ -24,7 +24,10 @@ struct FrequencyTable {
 
 /// @brief Builds the frequency table of @p config for a call whose largest
 /// position is below @p max_position (used by length-dependent scaling types).
-/// @throws rope::Error if @p config is invalid.
+/// @param config the model's RoPE: rotary_dim, base and scaling.
+/// @param max_position largest position of the call + 1; only dynamic and longrope read it.
+/// @return rotary_dim/2 inverse frequencies (float32 and double) and the attention factor.
+/// @throws rope::Error if @p config is invalid (see validate()).
 FrequencyTable make_frequency_table(const RopeConfig& config, int64_t max_position);
 
 }  // namespace rope

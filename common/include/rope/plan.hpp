@@ -26,11 +26,23 @@ struct RopeArgs {
     void* stream = nullptr;  ///< CUDA backends: the cudaStream_t to issue work on (null: default stream).
 
     /// @brief In-place call: q and k are overwritten with their rotation.
+    /// @param q queries, input and output.
+    /// @param k keys, input and output (may have no heads: rotate q only).
+    /// @param positions position of each token (default 0, 1, ..., seq-1).
+    /// @param direction forward or inverse rotation.
+    /// @return the arguments, with q_out = q, k_out = k and the default stream.
     static RopeArgs in_place(TensorView q, TensorView k, Positions positions = {},
                              Direction direction = Direction::forward) {
         return RopeArgs{q, k, q, k, positions, direction, nullptr};
     }
-    /// @brief Out-of-place call.
+    /// @brief Out-of-place call: the rotation of q and k is written to q_out and k_out.
+    /// @param q queries to rotate (left unchanged).
+    /// @param k keys to rotate (left unchanged).
+    /// @param q_out where rotated q goes; same sizes as q.
+    /// @param k_out where rotated k goes; same sizes as k.
+    /// @param positions position of each token (default 0, 1, ..., seq-1).
+    /// @param direction forward or inverse rotation.
+    /// @return the arguments, with the default stream.
     static RopeArgs out_of_place(TensorView q, TensorView k, TensorView q_out, TensorView k_out,
                                  Positions positions = {}, Direction direction = Direction::forward) {
         return RopeArgs{q, k, q_out, k_out, positions, direction, nullptr};
@@ -44,6 +56,9 @@ struct PositionSource {
     int64_t row_stride = 0;       ///< 0 when one id row is shared by the batch, else seq.
 
     /// @brief Position of token @p s of sequence @p b.
+    /// @param b sequence index (ignored when one id row is shared, or without ids).
+    /// @param s token index within the sequence.
+    /// @return ids[b * row_stride + s] when ids are given, else offset + s.
     ROPE_HOST_DEVICE int64_t at(int64_t b, int64_t s) const {
         return ids ? ids[b * row_stride + s] : offset + s;
     }
@@ -78,11 +93,16 @@ struct Plan {
     bool precise_angles = false; ///< Use rope_angle_precise with frequencies.inv_freq_exact.
     void* stream = nullptr;  ///< CUDA stream, if any.
 
-    /// @brief True when there is nothing to do (some size is zero).
+    /// @brief Whether there is nothing to do.
+    /// @return true when batch or seq is zero, or neither q nor k has a head.
     bool empty() const { return batch == 0 || seq == 0 || (q.in_geometry.heads == 0 && k.in_geometry.heads == 0); }
 };
 
 /// @brief Validates @p args against @p config for a backend on @p device and builds the Plan.
+/// @param config the model's RoPE (validated first, as validate() does).
+/// @param args the tensors, positions, direction and stream of the call.
+/// @param device where the backend runs: every non-empty tensor and the position ids must live there.
+/// @return the plan, with its frequency table computed for the call's largest position.
 /// @throws rope::Error naming the first offending parameter and its value.
 Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device);
 

@@ -30,16 +30,27 @@ struct Positions {
     int64_t max_position = 0;
 
     /// @brief Positions offset, offset+1, ...: the default when @p offset is 0.
+    /// @param offset first position, e.g. the tokens already in the KV cache; must be >= 0.
+    /// @return positions without explicit ids.
     static Positions starting_at(int64_t offset) {
         Positions positions;
         positions.offset = offset;
         return positions;
     }
     /// @brief One row of @p length ids shared by every sequence of the batch.
+    /// @param ids the ids, shape [length]; each must be >= 0.
+    /// @param length ids in the row; must equal the tensors' seq.
+    /// @param device where @p ids lives; must match the backend.
+    /// @return positions with rows = 1 (max_position unknown: set it for device ids if needed).
     static Positions shared(const int64_t* ids, int64_t length, Device device = Device::host) {
         return Positions{0, ids, 1, length, device, 0};
     }
     /// @brief A [rows, length] row-major table of ids, one row per sequence.
+    /// @param ids the ids, shape [rows, length]; each must be >= 0.
+    /// @param rows rows of the table; must equal the batch (or be 1).
+    /// @param length ids per row; must equal the tensors' seq.
+    /// @param device where @p ids lives; must match the backend.
+    /// @return positions with explicit ids (max_position unknown: set it for device ids if needed).
     static Positions per_sequence(const int64_t* ids, int64_t rows, int64_t length,
                                   Device device = Device::host) {
         return Positions{0, ids, rows, length, device, 0};

@@ -22,6 +22,10 @@ struct PairIndex {
 /// Half-split pairs i with i + rotary_dim/2 (HuggingFace `rotate_half`);
 /// interleaved pairs 2i with 2i+1 (GPT-J). Mixing the two up does not crash
 /// anything: a model simply gets the wrong rotation and quietly degrades.
+/// @param style half-split or interleaved pairing.
+/// @param rotary_dim features that rotate (even).
+/// @param i pair index, in [0, rotary_dim/2).
+/// @return the indices of the pair's x and y features.
 ROPE_HOST_DEVICE inline PairIndex pair_elements(Style style, int64_t rotary_dim, int64_t i) {
     if (style == Style::half_split) return {i, i + rotary_dim / 2};
     return {2 * i, 2 * i + 1};
@@ -33,6 +37,9 @@ ROPE_HOST_DEVICE inline PairIndex pair_elements(Style style, int64_t rotary_dim,
 /// HuggingFace does (`inv_freq.float() @ position_ids.float()`), so every
 /// backend turns a pair by the very same float32 angle. The rounding of this
 /// product is the main error against an exact oracle and grows with position.
+/// @param position the token's position id.
+/// @param inv_freq theta_i of the pair, in float32.
+/// @return float32(position) * inv_freq, in radians (not reduced to [-pi, pi]).
 ROPE_HOST_DEVICE inline float rope_angle(int64_t position, float inv_freq) {
     return static_cast<float>(position) * inv_freq;
 }
@@ -45,6 +52,9 @@ ROPE_HOST_DEVICE inline float rope_angle(int64_t position, float inv_freq) {
 /// float in [-pi, pi] are accurate to about 1e-7, whatever the position was.
 /// The float32 default cannot do this: float32(position) * theta_i is
 /// already wrong by up to position * 6e-8 radians before any sin is taken.
+/// @param position the token's position id.
+/// @param inv_freq_exact theta_i of the pair, in double (FrequencyTable::inv_freq_exact).
+/// @return the angle reduced to [-pi, pi], in radians, rounded to float32.
 ROPE_HOST_DEVICE inline float rope_angle_precise(int64_t position, double inv_freq_exact) {
     const double two_pi = 6.283185307179586;
     const double angle = static_cast<double>(position) * inv_freq_exact;
@@ -53,6 +63,11 @@ ROPE_HOST_DEVICE inline float rope_angle_precise(int64_t position, double inv_fr
 }
 
 /// @brief The angle every backend uses: rope_angle by default, rope_angle_precise when @p precise.
+/// @param precise RopeConfig::precise_angles.
+/// @param position the token's position id.
+/// @param inv_freq theta_i in float32 (used when not precise).
+/// @param inv_freq_exact theta_i in double (used when precise).
+/// @return the rotation angle of the pair, in radians.
 ROPE_HOST_DEVICE inline float pair_angle(bool precise, int64_t position, float inv_freq, double inv_freq_exact) {
     return precise ? rope_angle_precise(position, inv_freq_exact) : rope_angle(position, inv_freq);
 }
@@ -61,6 +76,10 @@ ROPE_HOST_DEVICE inline float pair_angle(bool precise, int64_t position, float i
 ///
 /// Forward: (x cos - y sin, y cos + x sin), which is `x*cos + rotate_half(x)*sin`
 /// written per pair. The inverse passes -sin.
+/// @param[in,out] x first feature of the pair; replaced by x cos - y sin.
+/// @param[in,out] y second feature of the pair; replaced by y cos + x sin.
+/// @param cos_angle cosine of the angle, times the attention factor.
+/// @param sin_angle sine of the angle, times the attention factor (negated for the inverse).
 ROPE_HOST_DEVICE inline void rotate_pair(float& x, float& y, float cos_angle, float sin_angle) {
     const float rotated_x = x * cos_angle - y * sin_angle;
     const float rotated_y = y * cos_angle + x * sin_angle;

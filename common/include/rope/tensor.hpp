@@ -16,7 +16,9 @@ enum class Device {
     cuda,  ///< Memory of the current CUDA device (from cudaMalloc or equivalent).
 };
 
-/// @brief "host" or "cuda".
+/// @brief Name of a device, for messages and command lines.
+/// @param device the device to name.
+/// @return "host" or "cuda".
 constexpr std::string_view device_name(Device device) { return device == Device::host ? "host" : "cuda"; }
 
 /// @brief Order of the four axes of a q or k tensor in memory.
@@ -25,7 +27,9 @@ enum class Layout {
     bshd,  ///< [batch, seq, heads, head_dim]: the layout straight out of the q/k projection.
 };
 
-/// @brief "bhsd" or "bshd".
+/// @brief Name of a layout, for messages and command lines.
+/// @param layout the layout to name.
+/// @return "bhsd" or "bshd".
 constexpr std::string_view layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
 
 /// @brief Sizes and strides of a q/k tensor in logical order (batch, heads, seq, dim),
@@ -41,10 +45,16 @@ struct Geometry {
     int64_t stride_dim = 0;    ///< Elements between consecutive features (1 when rows are contiguous).
 
     /// @brief Element offset of (b, h, s, d) from the start of the tensor.
+    /// @param b sequence index.
+    /// @param h head index.
+    /// @param s token index.
+    /// @param d feature index.
+    /// @return the offset in elements (not bytes): the dot product of the indices with the strides.
     ROPE_HOST_DEVICE int64_t offset(int64_t b, int64_t h, int64_t s, int64_t d) const {
         return b * stride_batch + h * stride_head + s * stride_seq + d * stride_dim;
     }
-    /// @brief Number of elements (batch * heads * seq * head_dim).
+    /// @brief Number of elements.
+    /// @return batch * heads * seq * head_dim.
     ROPE_HOST_DEVICE int64_t numel() const { return batch * heads * seq * head_dim; }
 };
 
@@ -62,13 +72,21 @@ struct TensorView {
     std::array<int64_t, 4> strides{};     ///< Element strides, in layout order.
 
     /// @brief A densely packed (row-major) view of @p shape in @p layout.
+    /// @param data first element (may be null for an empty view).
+    /// @param dtype storage type of the elements.
+    /// @param device where @p data points.
+    /// @param layout meaning of the four axes of @p shape.
+    /// @param shape sizes in layout order.
+    /// @return the view, with row-major strides (the last axis contiguous; a size-0 axis counts as 1).
     static TensorView contiguous(void* data, DType dtype, Device device, Layout layout,
                                  std::array<int64_t, 4> shape);
 
     /// @brief Sizes and strides re-ordered to (batch, heads, seq, dim).
+    /// @return the layout-independent Geometry of this view.
     Geometry geometry() const;
 
-    /// @brief Product of the four sizes (0 for an empty view).
+    /// @brief Number of elements.
+    /// @return the product of the four sizes (0 for an empty view).
     int64_t numel() const { return shape[0] * shape[1] * shape[2] * shape[3]; }
 };
 
