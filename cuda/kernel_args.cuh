@@ -70,6 +70,7 @@ inline int multiprocessor_count(int device) {
 }
 
 /// @brief The pair's rotation factors: cos and sin of the float32 angle, each scaled.
+/// @param inv_freq theta_i of the pair, as read from FrequencyArgs::inv_freq
 ///
 /// The angle comes from rope_angle, the one definition every backend shares, so
 /// the GPU turns each pair by the bit-identical float32 angle the CPU uses.
@@ -77,10 +78,10 @@ inline int multiprocessor_count(int device) {
 /// --use_fast_math): RoPE's angles are not reduced to [-pi, pi], and the fast
 /// intrinsics lose accuracy far from it, i.e. at long positions.
 template <int Capacity>
-__device__ inline void rotation_factors(const FrequencyArgs<Capacity>& freq, int64_t position, int64_t pair,
+__device__ inline void rotation_factors(const FrequencyArgs<Capacity>& freq, int64_t position, float inv_freq,
                                         float& cos_angle, float& sin_angle) {
     float sin_raw, cos_raw;
-    sincosf(rope_angle(position, freq.inv_freq[pair]), &sin_raw, &cos_raw);
+    sincosf(rope_angle(position, inv_freq), &sin_raw, &cos_raw);
     cos_angle = freq.cos_scale * cos_raw;
     sin_angle = freq.sin_scale * sin_raw;
 }

@@ -54,13 +54,16 @@ struct LaunchTuning {
     /// Blocks of 128 measured 1-2% faster than 256: finer blocks shorten the tail.
     int block_threads = 128;
     /// Threads per block below one wave of work: small blocks spread a small problem over more SMs.
-    int small_block_threads = 64;
+    int small_block_threads = 128;
     /// Most head rows a thread visits per token: more rows share each sincosf
     /// and each unit's index arithmetic, fewer give more, shorter-lived threads
     /// and so a shorter tail.
     int64_t max_rows_per_slice = 16;
-    /// Fewest head rows a thread visits per token (1: decode gets one row per thread).
-    int64_t min_rows_per_slice = 1;
+    /// Rows per thread below one wave of work, when there are at least as many
+    /// tokens as SMs (else 1: decode wants every row on its own thread).
+    int64_t small_rows_per_slice = 2;
+    /// Rows per thread regardless of the rules above (0: automatic); for --tune.
+    int64_t force_rows_per_slice = 0;
     /// Waves of resident threads the bandwidth regime aims for (how rows per slice is chosen).
     int64_t target_waves = 4;
     /// Order of units: true = slice-major (a block's threads take neighbouring
@@ -69,6 +72,8 @@ struct LaunchTuning {
     bool slice_major = true;
     /// Use programmatic dependent launch where the device has it (compute capability >= 9.0).
     bool programmatic_launch = true;
+    /// Read the frequency table at warp-uniform addresses (see rotate_rows).
+    bool broadcast_table = true;
 };
 
 /// @brief What the launch needs to know about the current device.
@@ -102,6 +107,7 @@ struct OptimizedArgs {
     FrequencyArgs<Capacity> freq;
     Style style;
     bool slice_major;          ///< LaunchTuning::slice_major.
+    bool broadcast_table;      ///< LaunchTuning::broadcast_table.
     int64_t seq;
     int64_t tokens;            ///< batch * seq.
     int64_t rotary_dim;
@@ -186,10 +192,27 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const To
     // cos/sin of this thread's pairs at this token: computed once, here, while
     // the first loads are in flight, then reused for every row below (2. above).
     const int64_t position = args.positions.at(position_b, position_s);
+    float inv_freq[Path::kPairs];
+    if (args.broadcast_table) {
+        // Constant memory serves one address per access: when the lanes of a
+        // warp read different entries, the accesses are replayed one after the
+        // other, and at the start of a launch each one may miss. Here every
+        // lane reads the whole table at the same (uniform) addresses, which are
+        // independent broadcasts, and keeps its own entries.
+        for (int64_t c = 0; c < args.rotary_chunks; ++c) {
+#pragma unroll
+            for (int p = 0; p < Path::kPairs; ++p) {
+                const float value = args.freq.inv_freq[Path::pair_of(c, p, args.rotary_dim)];
+                if (c == chunk) inv_freq[p] = value;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int p = 0; p < Path::kPairs; ++p) inv_freq[p] = args.freq.inv_freq[Path::pair_of(chunk, p, args.rotary_dim)];
+    }
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
 #pragma unroll
-    for (int p = 0; p < Path::kPairs; ++p)
-        rotation_factors(args.freq, position, Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
+    for (int p = 0; p < Path::kPairs; ++p) rotation_factors(args.freq, position, inv_freq[p], cos_angle[p], sin_angle[p]);
 
     for (int64_t first = row_begin;; first += RowsInFlight) {
         const bool more = first + RowsInFlight < row_end;
@@ -325,6 +348,8 @@ void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTu
     args.q_heads = plan.q.in_geometry.heads;
     args.rows = plan.q.in_geometry.heads + plan.k.in_geometry.heads;
     args.rotary_chunks = plan.pairs / Path::kPairs;
+    // Broadcasting costs a pass over the whole table per unit: worth it for a few chunks only.
+    args.broadcast_table = tuning.broadcast_table && args.rotary_chunks <= 32;
     // Pass-through features need copying only into a separate output.
     const bool copy_needed = (plan.q.in_geometry.heads > 0 && plan.q.in != plan.q.out) ||
                              (plan.k.in_geometry.heads > 0 && plan.k.in != plan.k.out);
@@ -335,18 +360,24 @@ void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTu
     // Grid shape (4. above): block_x threads cover a row's chunks.
     const int64_t block_x = std::min<int64_t>(args.chunks, tuning.block_threads);
     const int64_t resident_threads = int64_t(device.multiprocessors) * 2048;  // Thread slots of the whole GPU.
-    // Rows per thread: as many as still leave target_waves waves of threads
-    // (a short tail), at most max_rows_per_slice; decode-sized problems get one
-    // row per thread, the most parallelism. Powers of two keep the batches of
-    // RowsInFlight rows whole.
+    // Bandwidth regime (at least one wave of threads even with one row each):
+    // rows per thread as many as still leave target_waves waves of threads (a
+    // short tail), at most max_rows_per_slice; powers of two keep the batches
+    // whole. Latency regime: few rows per thread and small blocks, so many SMs
+    // each fetch a few kilobytes.
     const int64_t thread_rows = args.tokens * args.rows * block_x;
-    const int64_t wanted = thread_rows / (resident_threads * tuning.target_waves);
-    args.rows_per_slice = floor_power_of_two(std::clamp<int64_t>(wanted, tuning.min_rows_per_slice, tuning.max_rows_per_slice));
+    const bool bandwidth_bound = thread_rows >= resident_threads;
+    if (tuning.force_rows_per_slice > 0)
+        args.rows_per_slice = tuning.force_rows_per_slice;
+    else if (bandwidth_bound)
+        args.rows_per_slice = floor_power_of_two(
+            std::clamp<int64_t>(thread_rows / (resident_threads * tuning.target_waves), 1, tuning.max_rows_per_slice));
+    else
+        args.rows_per_slice = args.tokens >= device.multiprocessors ? tuning.small_rows_per_slice : 1;
+    args.rows_per_slice = std::min(args.rows_per_slice, args.rows);
     args.slices = (args.rows + args.rows_per_slice - 1) / args.rows_per_slice;
     args.units = args.tokens * args.slices;
-    // Less than one wave of threads: the launch is latency-bound, so small
-    // blocks let many SMs fetch a few kilobytes each.
-    const int threads = args.units * block_x >= resident_threads ? tuning.block_threads : tuning.small_block_threads;
+    const int threads = bandwidth_bound ? tuning.block_threads : tuning.small_block_threads;
     const int64_t block_y = std::max<int64_t>(1, threads / block_x);
     const int64_t blocks = (args.units + block_y - 1) / block_y;
     args.by_seq = FastDivisor(args.seq);

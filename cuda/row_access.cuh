@@ -42,21 +42,28 @@ struct alignas(16) Vector16 {
     Storage value[kWidth];                                   ///< The values, in feature order.
 };
 
-/// @brief One 128-bit load (LDG.E.128 in SASS). @pre @p source is 16-byte aligned.
+/// @brief One 128-bit global load (LDG.E.128 in SASS). @pre @p source is 16-byte aligned.
+///
+/// Through the __ldca intrinsic (an ordinary cached load) rather than a
+/// dereference: the compiler then always emits one 16-byte instruction. With a
+/// plain dereference it re-derived the alignment from the pointer arithmetic
+/// and, for the vector half a rotary block away, split it into four 4-byte
+/// accesses (seen in the PTX).
 template <typename Storage>
 __device__ inline Vector16<Storage> load16(const Storage* source) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(source);
+    const uint4 raw = __ldca(reinterpret_cast<const uint4*>(source));
     Vector16<Storage> vector;
     memcpy(&vector, &raw, sizeof raw);  // A register-to-register reinterpretation: compiles to nothing.
     return vector;
 }
 
-/// @brief One 128-bit store (STG.E.128 in SASS). @pre @p target is 16-byte aligned.
+/// @brief One 128-bit global store (STG.E.128 in SASS), write-back like a plain store.
+/// @pre @p target is 16-byte aligned.
 template <typename Storage>
 __device__ inline void store16(Storage* target, const Vector16<Storage>& vector) {
     uint4 raw;
     memcpy(&raw, &vector, sizeof raw);
-    *reinterpret_cast<uint4*>(target) = raw;
+    __stwb(reinterpret_cast<uint4*>(target), raw);
 }
 
 /// @brief The 16-byte path for contiguous, aligned rows, specialised on the pairing style.

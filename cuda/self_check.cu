@@ -755,28 +755,18 @@ template <typename Storage, typename Path, int RowsInFlight, int MinBlocks>
 void time_compiled_variant(const Plan& plan, const cuda_detail::DeviceInfo& device, cudaStream_t stream, bool small,
                            std::vector<Variant>& results, int tag = 0) {
     std::vector<LaunchTuning> tunings;
-    if (small) {
-        // Latency regime: block size, rows per thread, programmatic launch.
-        for (int threads : {64, 128})
-            for (int64_t rows : {1, 2, 4})
+    for (int threads : {64, 128, 256})
+        for (int64_t rows : {1, 2, 4, 8, 16, 32})
+            for (bool broadcast : {true, false})
                 for (bool programmatic : {true, false}) {
+                    if (small ? (threads == 256 || rows > 4) : (threads == 64 || rows < 4 || !programmatic)) continue;
                     LaunchTuning tuning;
-                    tuning.small_block_threads = threads;
-                    tuning.min_rows_per_slice = tuning.max_rows_per_slice = rows;
+                    tuning.block_threads = tuning.small_block_threads = threads;
+                    tuning.force_rows_per_slice = rows;
+                    tuning.broadcast_table = broadcast;
                     tuning.programmatic_launch = programmatic;
                     tunings.push_back(tuning);
                 }
-    } else {
-        for (int threads : {128, 256})
-            for (int64_t rows : {4, 8, 16, 32})
-                for (bool programmatic : {true, false}) {
-                    LaunchTuning tuning;
-                    tuning.block_threads = threads;
-                    tuning.min_rows_per_slice = tuning.max_rows_per_slice = rows;
-                    tuning.programmatic_launch = programmatic;
-                    tunings.push_back(tuning);
-                }
-    }
     for (const LaunchTuning& tuning : tunings) {
         auto launch = [&] { cuda_detail::launch_optimized<Storage, Path, RowsInFlight, 64, MinBlocks>(plan, device, tuning); };
         const double us = small ? graph_us(stream, 9, 200, launch) : median_us(stream, 7, 10, launch);
@@ -813,7 +803,7 @@ int run_tune() {
         std::printf("FLOOR,graph-replayed empty kernel %.3f us, 64 KB copy kernel %.3f us\n", empty, copy);
     }
     std::printf("TUNE,shape,dtype,style,memcpy_us,copy16_us,default_us,default_ratio,best_us,best_ratio,"
-                "best_rif,best_minblocks,best_block,best_rows,best_slice_major_or_programmatic\n");
+                "best_rif,best_minblocks,best_block,best_rows,best_broadcast_x10_plus_programmatic\n");
     for (const Shape& shape : shapes) {
         const auto& dims = shape.dims;
         for (DType dtype : {DType::f32, DType::bf16}) {
@@ -860,8 +850,6 @@ int run_tune() {
                             time_compiled_variant<Storage, Path, 1, 1>(plan, device, stream, shape.small, results);
                             time_compiled_variant<Storage, Path, 2, 1>(plan, device, stream, shape.small, results);
                             if (!shape.small) {
-                                time_compiled_variant<Storage, Path, 4, 1>(plan, device, stream, false, results);
-                                time_compiled_variant<Storage, Path, 1, 3>(plan, device, stream, false, results);
                                 time_compiled_variant<Storage, Path, 2, 3>(plan, device, stream, false, results);
                                 if constexpr (std::is_same_v<Storage, bfloat16>) {
                                     // minblocks + 100 in the output marks the hardware-conversion experiment.
@@ -879,17 +867,16 @@ int run_tune() {
                 const char* style_text = style == Style::half_split ? "neox" : "gptj";
                 for (const Variant& v : results)
                     std::printf("VARIANT,[%" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "],%s,%s,rif=%d,minblocks=%d,block=%d,"
-                                "small_block=%d,rows=%" PRId64 ",slice_major=%d,programmatic=%d,%.3f,%.4f\n",
+                                "rows=%" PRId64 ",broadcast=%d,programmatic=%d,%.3f,%.4f\n",
                                 dims[0], dims[1], dims[2], dims[3], dtype_text, style_text, v.rows_in_flight, v.min_blocks,
-                                v.tuning.block_threads, v.tuning.small_block_threads, v.tuning.max_rows_per_slice,
-                                int(v.tuning.slice_major), int(v.tuning.programmatic_launch), v.us, memcpy_us / v.us);
+                                v.tuning.block_threads, v.tuning.force_rows_per_slice, int(v.tuning.broadcast_table),
+                                int(v.tuning.programmatic_launch), v.us, memcpy_us / v.us);
                 const Variant& best = results.front();
                 std::printf("TUNE,[%" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "],%s,%s,%.3f,%.3f,%.3f,%.4f,%.3f,%.4f,%d,%d,%d,%" PRId64 ",%d\n",
                             dims[0], dims[1], dims[2], dims[3], dtype_text, style_text, memcpy_us, copy_us, default_us,
                             memcpy_us / default_us, best.us, memcpy_us / best.us, best.rows_in_flight, best.min_blocks,
-                            shape.small ? best.tuning.small_block_threads : best.tuning.block_threads,
-                            best.tuning.max_rows_per_slice,
-                            int(shape.small ? best.tuning.programmatic_launch : best.tuning.slice_major));
+                            best.tuning.block_threads, best.tuning.force_rows_per_slice,
+                            int(best.tuning.broadcast_table) * 10 + int(best.tuning.programmatic_launch));
             }
         }
     }
