@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Regenerates the tutorials' figures from the chapters' real output.
+#
+# Builds the chapter programs that produce figure data, runs them with
+# ROPE_TUTORIAL_CSV_DIR pointing at <build>/tutorial-figures/ (each writes
+# <program>.csv there), runs every tutorials/plots/*.gp in that folder (each
+# writes one PNG), and copies the PNGs into tutorials/figures/, which is
+# committed so that the figures show on GitHub as well. The docs build runs the
+# same .gp scripts on its own captured output.
+#
+# Chapter 4's ladder needs a GPU. Without one, ladder.gp falls back to the
+# recorded H200 run tutorials/figures/data/ladder_h200.csv, and makes no figure
+# while none is recorded.
+#
+# usage: tutorials/plots/make_figures.sh [BUILD_DIR]   (default: build/default, preset "default")
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=$(realpath -m "${1:-$root/build/default}")
+cd "$root"
+scripts/install-deps gnuplot-nox
+if [ ! -f "$build/CMakeCache.txt" ]; then
+    if [ "$build" = "$root/build/default" ]; then
+        cmake --preset default >/dev/null
+    else
+        cmake -S "$root" -B "$build" -G Ninja >/dev/null
+    fi
+fi
+programs=(tutorial-00-rotation tutorial-04-optimized-cuda tutorial-07-precision)
+cmake --build "$build" -j"$(nproc)" --target "${programs[@]}"
+
+out="$build/tutorial-figures"
+rm -rf "$out"
+mkdir -p "$out"
+cd "$out"
+for program in "${programs[@]}"; do
+    status=0
+    ROPE_TUTORIAL_CSV_DIR=. "$build/tutorials/$program" >"$program.out" 2>&1 || status=$?
+    case $status in
+        0) echo "make_figures: $program ran: $out/$program.csv" ;;
+        77) echo "make_figures: $program skipped here ($(tail -n 1 "$program.out"))" ;;
+        *) echo "make_figures: $program FAILED (exit $status); see $out/$program.out" >&2; exit 1 ;;
+    esac
+done
+for script in "$root"/tutorials/plots/*.gp; do
+    gnuplot "$script"
+done
+mkdir -p "$root/tutorials/figures"
+shopt -s nullglob
+pngs=(*.png)
+if [ ${#pngs[@]} -eq 0 ]; then
+    echo "make_figures: no figure was made" >&2
+    exit 1
+fi
+cp "${pngs[@]}" "$root/tutorials/figures/"
+echo "make_figures: ${pngs[*]} -> $out and tutorials/figures/"
