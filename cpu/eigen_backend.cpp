@@ -38,7 +38,8 @@ namespace {
 
 // Pairs rotated per step. Eight floats are two SSE2 registers (the portable
 // baseline) or one AVX register; a fixed size lets Eigen unroll the step
-// completely and keep it in registers.
+// completely and keep x, y, cos and sin in registers (sixteen would spill
+// SSE2's sixteen registers to the stack).
 constexpr int64_t kLanes = 8;
 using Lanes = Eigen::Array<float, kLanes, 1>;
 
@@ -117,20 +118,22 @@ struct RowShape {
 //
 // In place is safe because a block is loaded completely (both x and y) into
 // registers before any of it is stored; no scratch copy of the row is needed.
+// The shape comes by value: through a reference the compiler would have to
+// reload it after every store, in case the row's memory aliased it.
 template <typename Storage, Style kStyle, bool kUnitStride>
-void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin,
-                const RowShape& shape) {
+void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin, RowShape shape) {
+    const int64_t pairs = shape.pairs, rotary_dim = shape.rotary_dim;
     int64_t i = 0;
-    for (; i + kLanes <= shape.pairs; i += kLanes) {
-        const PairBlock block = load_pairs<Storage, kStyle, kUnitStride>(in, shape.rotary_dim, i);
+    for (; i + kLanes <= pairs; i += kLanes) {
+        const PairBlock block = load_pairs<Storage, kStyle, kUnitStride>(in, rotary_dim, i);
         const Eigen::Map<const Lanes> c(cos + i), s(sin + i);
         // rotate_pair, written for kLanes pairs at once: one SIMD multiply per term.
         const PairBlock rotated{block.x * c - block.y * s, block.y * c + block.x * s};
-        store_pairs<Storage, kStyle, kUnitStride>(out, shape.rotary_dim, i, rotated);
+        store_pairs<Storage, kStyle, kUnitStride>(out, rotary_dim, i, rotated);
     }
     // The last pairs % kLanes pairs (e.g. rotary_dim 24 = 8 + 4 pairs) take the scalar rule.
-    for (; i < shape.pairs; ++i) {
-        const PairIndex pair = pair_elements(kStyle, shape.rotary_dim, i);
+    for (; i < pairs; ++i) {
+        const PairIndex pair = pair_elements(kStyle, rotary_dim, i);
         float x = to_float(in.data[pair.first * in.stride]);
         float y = to_float(in.data[pair.second * in.stride]);
         rotate_pair(x, y, cos[i], sin[i]);
@@ -140,12 +143,12 @@ void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const
     // Partial rotary: features past rotary_dim are copied through as stored
     // (bit for bit). In place they already are where they belong.
     if (out.data == in.data) return;
-    for (int64_t d = shape.rotary_dim; d < shape.head_dim; ++d) out.data[d * out.stride] = in.data[d * in.stride];
+    for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d * out.stride] = in.data[d * in.stride];
 }
 
 // A row kernel with style, storage and stride case fixed at compile time.
 template <typename Storage>
-using RowKernel = void (*)(Row<const Storage>, Row<Storage>, const float*, const float*, const RowShape&);
+using RowKernel = void (*)(Row<const Storage>, Row<Storage>, const float*, const float*, RowShape);
 
 // Picks the kernel for one operand once per call, not once per row: the
 // choice depends only on the style and on the operand's strides.
@@ -171,12 +174,15 @@ void fill_trig_table(const Plan& plan, int64_t position_row, int64_t first_token
                      float* sin) {
     const float sign = plan.direction == Direction::forward ? 1.0f : -1.0f;
     const float scale = plan.frequencies.attention_factor;
+    const float* inv_freq = plan.frequencies.inv_freq.data();
+    const double* inv_freq_exact = plan.frequencies.inv_freq_exact.data();
     for (int64_t t = 0; t < tokens; ++t) {
         const int64_t position = plan.positions.at(position_row, first_token + t);
         for (int64_t i = 0; i < plan.pairs; ++i) {
-            // Same float32 angle and the same std::cos/std::sin as cpu-naive:
-            // the two backends agree to float32 rounding of the rotation itself.
-            const float angle = rope_angle(position, plan.frequencies.inv_freq[size_t(i)]);
+            // The same angle (float32 by default, or the precise mode's) and the
+            // same std::cos/std::sin as cpu-naive: the two backends then differ
+            // only by the rounding of the rotation itself.
+            const float angle = pair_angle(plan.precise_angles, position, inv_freq[i], inv_freq_exact[i]);
             cos[t * plan.pairs + i] = scale * std::cos(angle);
             sin[t * plan.pairs + i] = sign * scale * std::sin(angle);
         }
@@ -188,9 +194,19 @@ void fill_trig_table(const Plan& plan, int64_t position_row, int64_t first_token
 // ---------------------------------------------------------------------------
 
 // Bytes of cos + sin per table: a third of a typical 32-48 KiB L1 data cache.
-constexpr int64_t kTableBytes = 16 * 1024;
+#ifndef KTB
+#define KTB 16
+#endif
+constexpr int64_t kTableBytes = KTB * 1024;
 // Work units per thread: enough that an uneven last unit costs little.
 constexpr int64_t kUnitsPerThread = 8;
+// Bytes per cache line (x86-64 and most ARM cores): the unit of prefetching.
+constexpr int64_t kCacheLine = 64;
+// Rows of a head prefetched ahead of the one being rotated.
+#ifndef KPR
+#define KPR 8
+#endif
+constexpr int64_t kPrefetchRows = KPR;
 
 // How a call is cut into independent units of work.
 //
@@ -234,6 +250,71 @@ struct ThreadScratch {
     std::vector<float> sin;
 };
 
+// The rows of one unit, in the order a thread visits them.
+//
+// Memory is visited in its own order: for [b, h, s, d] the rows of one head
+// are adjacent, so each owner's tokens are walked before the next owner; for
+// [b, s, h, d] the heads of one token are adjacent, so each token's owners are
+// walked before the next token.
+struct UnitRows {
+    int64_t heads;           // q heads + k heads: owners per sequence.
+    int64_t first_sequence;  // Sequence of the unit's first owner.
+    int64_t first_head;      // Its head, counting q's heads first, then k's.
+    int64_t owners;          // Owners in the unit.
+    int64_t tokens;          // Tokens in the unit's block.
+    bool tokens_inner;       // Walk an owner's tokens before moving to the next owner.
+    int64_t size() const { return owners * tokens; }
+};
+
+// A position in that walk: which owner (sequence, head) and which token of the block.
+struct RowCursor {
+    int64_t sequence;
+    int64_t head;   // Counting q's heads first, then k's.
+    int64_t owner;  // 0 .. owners-1 within the unit.
+    int64_t token;  // 0 .. tokens-1 within the block.
+};
+
+RowCursor first_row(const UnitRows& unit) { return {unit.first_sequence, unit.first_head, 0, 0}; }
+
+// Steps @p cursor to the next row of the walk, without a division.
+void advance(const UnitRows& unit, RowCursor& cursor) {
+    auto next_owner = [&] {
+        ++cursor.owner;
+        if (++cursor.head == unit.heads) cursor.head = 0, ++cursor.sequence;
+    };
+    if (unit.tokens_inner) {
+        if (++cursor.token < unit.tokens) return;
+        cursor.token = 0;
+        next_owner();
+    } else {
+        next_owner();
+        if (cursor.owner < unit.owners) return;
+        cursor = {unit.first_sequence, unit.first_head, 0, cursor.token + 1};
+    }
+}
+
+// Where one row's input and output live, and the kernel for its operand.
+template <typename Storage>
+struct RowRef {
+    Row<const Storage> in;
+    Row<Storage> out;
+    RowKernel<Storage> kernel;
+    int64_t prefetch_bytes;  // Bytes of the row to prefetch; 0 for strided rows.
+
+    // Asks the memory system for this row ahead of use. RoPE computes for a
+    // while on each row it loads, and memory left idle meanwhile is bandwidth
+    // lost; hardware prefetchers also restart at every jump between heads.
+    // So the loop names the rows it will need a few rows from now itself.
+    void prefetch() const {
+        const char* read = reinterpret_cast<const char*>(in.data);
+        const char* write = reinterpret_cast<const char*>(out.data);
+        for (int64_t byte = 0; byte < prefetch_bytes; byte += kCacheLine) {
+            __builtin_prefetch(read + byte, 0);
+            if (write != read) __builtin_prefetch(write + byte, 1);
+        }
+    }
+};
+
 // ---------------------------------------------------------------------------
 // 4. The backend
 // ---------------------------------------------------------------------------
@@ -272,17 +353,27 @@ private:
             }
         }
 
-        const Operand* operands[2] = {&plan.q, &plan.k};
-        const RowKernel<Storage> kernels[2] = {pick_row_kernel<Storage>(plan.style, plan.q),
-                                               pick_row_kernel<Storage>(plan.style, plan.k)};
+        const RowKernel<Storage> q_kernel = pick_row_kernel<Storage>(plan.style, plan.q);
+        const RowKernel<Storage> k_kernel = pick_row_kernel<Storage>(plan.style, plan.k);
         const int64_t q_heads = plan.q.in_geometry.heads;
         const int64_t heads = q_heads + plan.k.in_geometry.heads;
         const RowShape shape{plan.pairs, plan.rotary_dim, plan.head_dim};
-        // Visit memory in its own order: for [b, h, s, d] the rows of one head
-        // are adjacent, so walk a head's tokens first; for [b, s, h, d] the heads
-        // of one token are adjacent, so walk a token's heads first. Hardware
-        // prefetchers then see long sequential streams.
-        const bool heads_adjacent = plan.q.in_geometry.stride_head < plan.q.in_geometry.stride_seq;
+        const bool tokens_inner = plan.q.in_geometry.stride_seq < plan.q.in_geometry.stride_head;
+
+        // The row of @p cursor for a block starting at token first_token.
+        auto locate = [&](const RowCursor& cursor, int64_t first_token) {
+            const bool is_q = cursor.head < q_heads;
+            const Operand& operand = is_q ? plan.q : plan.k;
+            const int64_t head = is_q ? cursor.head : cursor.head - q_heads;
+            const int64_t s = first_token + cursor.token;
+            const Geometry& in = operand.in_geometry;
+            const Geometry& out = operand.out_geometry;
+            const bool unit_stride = in.stride_dim == 1 && out.stride_dim == 1;
+            return RowRef<Storage>{{static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0), in.stride_dim},
+                                   {static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0), out.stride_dim},
+                                   is_q ? q_kernel : k_kernel,
+                                   unit_stride ? plan.head_dim * int64_t(sizeof(Storage)) : 0};
+        };
 
 #pragma omp parallel num_threads(team)
         {
@@ -292,44 +383,44 @@ private:
             // Static schedule: each thread gets one contiguous range of units, so
             // consecutive units mostly share a token block and reuse its table.
 #pragma omp for schedule(static)
-            for (int64_t unit = 0; unit < split.units(); ++unit) {
-                const int64_t block = unit / split.owner_chunks;  // Index over (position row, block).
-                const int64_t chunk = unit % split.owner_chunks;
+            for (int64_t unit_index = 0; unit_index < split.units(); ++unit_index) {
+                const int64_t block = unit_index / split.owner_chunks;  // Index over (position row, block).
+                const int64_t chunk = unit_index % split.owner_chunks;
                 const int64_t position_row = block / split.blocks_per_row;
                 const int64_t first_token = (block % split.blocks_per_row) * split.tokens_per_block;
-                const int64_t tokens = std::min(split.tokens_per_block, plan.seq - first_token);
-                if (block != table_block) {
-                    fill_trig_table(plan, position_row, first_token, tokens, scratch.cos.data(), scratch.sin.data());
-                    table_block = block;
-                }
+                // Owners [owner_begin, owner_end) in (sequence, head) order. Shared
+                // positions: position_row is 0 and the owners span the batch.
+                // Per-sequence ids: the owners are one sequence's heads.
                 const int64_t owner_begin = chunk * split.owners / split.owner_chunks;
                 const int64_t owner_end = (chunk + 1) * split.owners / split.owner_chunks;
+                const UnitRows unit{heads,
+                                    position_row + owner_begin / heads,
+                                    owner_begin % heads,
+                                    owner_end - owner_begin,
+                                    std::min(split.tokens_per_block, plan.seq - first_token),
+                                    tokens_inner};
 
-                // Rotates token t of the block for owner o: (sequence, q or k head).
-                auto rotate = [&](int64_t o, int64_t t) {
-                    // Shared positions: position_row is 0 and owners span the batch.
-                    // Per-sequence ids: owners are one sequence's heads, o / heads is 0.
-                    const int64_t sequence = position_row + o / heads;
-                    const int64_t head_all = o % heads;
-                    const int which = head_all < q_heads ? 0 : 1;
-                    const int64_t head = which == 0 ? head_all : head_all - q_heads;
-                    const Operand& operand = *operands[which];
-                    const int64_t s = first_token + t;
-                    const Row<const Storage> in{
-                        static_cast<const Storage*>(operand.in) + operand.in_geometry.offset(sequence, head, s, 0),
-                        operand.in_geometry.stride_dim};
-                    const Row<Storage> out{
-                        static_cast<Storage*>(operand.out) + operand.out_geometry.offset(sequence, head, s, 0),
-                        operand.out_geometry.stride_dim};
-                    kernels[which](in, out, scratch.cos.data() + t * plan.pairs,
-                                   scratch.sin.data() + t * plan.pairs, shape);
-                };
-                if (heads_adjacent) {
-                    for (int64_t t = 0; t < tokens; ++t)
-                        for (int64_t o = owner_begin; o < owner_end; ++o) rotate(o, t);
-                } else {
-                    for (int64_t o = owner_begin; o < owner_end; ++o)
-                        for (int64_t t = 0; t < tokens; ++t) rotate(o, t);
+                // Two cursors walk the same rows: `lead` runs kPrefetchRows ahead
+                // and prefetches, `row` follows and rotates. The first rows are
+                // requested before cos/sin are computed, so they arrive meanwhile.
+                const int64_t rows = unit.size();
+                const int64_t ahead = std::min(rows, kPrefetchRows);
+                RowCursor lead = first_row(unit);
+                for (int64_t i = 0; i < ahead; ++i, advance(unit, lead)) locate(lead, first_token).prefetch();
+                if (block != table_block) {
+                    fill_trig_table(plan, position_row, first_token, unit.tokens, scratch.cos.data(), scratch.sin.data());
+                    table_block = block;
+                }
+                RowCursor row = first_row(unit);
+                for (int64_t i = 0; i < rows; ++i, advance(unit, row)) {
+                    if (i + ahead < rows) {
+                        locate(lead, first_token).prefetch();
+                        advance(unit, lead);
+                    }
+                    const RowRef<Storage> ref = locate(row, first_token);
+                    const int64_t table_offset = row.token * plan.pairs;
+                    ref.kernel(ref.in, ref.out, scratch.cos.data() + table_offset, scratch.sin.data() + table_offset,
+                               shape);
                 }
             }
         }
