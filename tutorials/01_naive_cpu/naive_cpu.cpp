@@ -224,6 +224,6 @@ int main() {
     checks.expect(reorder_difference == 0.0,
                   "the two conventions are the same rotation up to a fixed reordering of features (exactly)");
 
-    return checks.finish("wrong pairing: no error raised, yet attention on a key 60 tokens back falls from " +
-                         tutorial::fixed(far_right) + " to " + tutorial::fixed(far_wrong));
+    return checks.finish("wrong pairing, no error raised: attention on a key 60 tokens back " +
+                         tutorial::fixed(far_right) + " -> " + tutorial::fixed(far_wrong));
 }

@@ -116,8 +116,8 @@ int main() {
                 "while memcpy writes fresh ones, so RoPE can even exceed 100%% of this ceiling.\n",
                 cores);
     const Timing& best = timings.back();
-    return checks.finish("cpu-eigen (" + std::to_string(best.threads) + " threads) is " +
-                         tutorial::fixed(naive_seconds / best.seconds, 1) + "x cpu-naive at " +
-                         tutorial::fixed(bytes / best.seconds / 1e9) + " GB/s, " +
+    return checks.finish("cpu-eigen, " + std::to_string(best.threads) + " threads: " +
+                         tutorial::fixed(naive_seconds / best.seconds, 1) + "x cpu-naive, " +
+                         tutorial::fixed(bytes / best.seconds / 1e9, 1) + " GB/s = " +
                          tutorial::fixed(100 * copy_seconds / best.seconds, 0) + "% of a memcpy (indicative)");
 }

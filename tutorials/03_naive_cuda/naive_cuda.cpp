@@ -131,7 +131,7 @@ int main() {
 
     if (!reason.empty())
         return tutorial::skip("cuda-naive would launch " + std::to_string(launch.blocks) + " blocks x " +
-                                  std::to_string(launch.threads_per_block) + " threads (not run: no GPU)",
+                                  std::to_string(launch.threads_per_block) + " threads (no GPU here)",
                               "no GPU here (" + reason + "); sections 4-5 need one");
 
     tutorial::print_section("4. Host to device, rotate, device to host");

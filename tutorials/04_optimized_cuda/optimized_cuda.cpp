@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
     if (!reason.empty()) {
         const ladder::Grid v6 = ladder::grid_of(6, problem_shape(kDecode), device);
         return tutorial::skip("v6 would launch " + std::to_string(v6.blocks) + " blocks x " +
-                                  std::to_string(v6.threads_per_block) + " threads for decode (not run: no GPU)",
+                                  std::to_string(v6.threads_per_block) + " threads for decode (no GPU here)",
                               "no GPU here (" + reason + "); the measurements need one");
     }
 
@@ -243,9 +243,9 @@ int main(int argc, char** argv) {
     csv.announce();
 
     const Result& last = results[ladder::kVersions - 1];
-    return checks.finish("v6 reaches " + tutorial::fixed(100 * copy.prefill_us / last.prefill_us, 0) +
-                         "% of a device copy (" + tutorial::fixed(gbps(last.prefill_us), 0) + " GB/s) on " + device_name +
-                         "; v1 " + tutorial::fixed(100 * copy.prefill_us / results[0].prefill_us, 0) + "%");
+    return checks.finish("prefill: v1 " + tutorial::fixed(100 * copy.prefill_us / results[0].prefill_us, 0) + "%, v6 " +
+                         tutorial::fixed(100 * copy.prefill_us / last.prefill_us, 0) + "% of a device copy (" +
+                         tutorial::fixed(gbps(last.prefill_us), 0) + " GB/s) on " + device_name);
 #else
     return 1;  // Not reached: without CUDA, reason is never empty.
 #endif

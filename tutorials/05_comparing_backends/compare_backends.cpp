@@ -291,8 +291,7 @@ int main() {
     std::printf("(indicative: one thread, one machine, possibly shared; predictions are lower bounds that ignore\n"
                 " everything but the one resource)\n");
 
-    return checks.finish("RoPE does " + tutorial::fixed(intensity_f32, 3) + " flop/byte against a balance of " +
-                         tutorial::fixed(cpu_balance, 1) + " (this CPU) and " +
-                         tutorial::fixed(h200_flops / h200_bandwidth, 1) + " (H200): memory-bound; " +
-                         std::to_string(backends.size()) + " backend(s) agree");
+    return checks.finish(std::to_string(backends.size()) + " backends agree; RoPE: " + tutorial::fixed(intensity_f32, 3) +
+                         " flop/B vs balance " + tutorial::fixed(cpu_balance, 1) + " (this CPU), " +
+                         tutorial::fixed(h200_flops / h200_bandwidth, 1) + " (H200): memory-bound");
 }

@@ -255,8 +255,7 @@ int main() {
     }
     std::printf("The library's tables also match HuggingFace transformers' own (golden vectors in tests/).\n");
 
-    return checks.finish("decode with cache offsets = full-sequence rotation bit for bit; YaRN at factor 4 keeps "
-                         "pair 0's wavelength " + tutorial::fixed(2 * kPi / table_for(rope::ScalingType::yarn, target).inv_freq[0], 1) +
-                         " and stretches pair 63's to " +
+    return checks.finish("cache-offset decode = full rotation, bit for bit; YaRN x4: slowest wavelength " +
+                         tutorial::fixed(2 * kPi / plain.inv_freq[63], 0) + " -> " +
                          tutorial::fixed(2 * kPi / table_for(rope::ScalingType::yarn, target).inv_freq[63], 0) + " tokens");
 }
