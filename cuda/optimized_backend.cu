@@ -20,18 +20,33 @@ namespace {
 /// 256 bytes of table instead of 2 KB, which trims small, latency-bound launches.
 constexpr int kSmallCapacity = 64;
 
+/// How the 16-byte path issues its accesses, per regime (row_access.cuh; chosen
+/// with rope-cuda-self-check --tune on the H200).
+using BandwidthAccess = PlainAccess;
+using LatencyAccess = CachedAccess;
+
+/// Launches the kernel for @p plan with the given access path.
 template <typename Storage, typename Path, int Capacity>
 void launch_path(const Plan& plan, const DeviceInfo& device) {
     launch_optimized<Storage, Path, Path::kRowsInFlight, Capacity, Path::kMinBlocksPerSM>(plan, device, LaunchTuning{});
+}
+
+/// The 16-byte path for @p plan's style, with the access flavour measured best for its regime.
+template <typename Storage, Style kStyle, int Capacity>
+void launch_vector(const Plan& plan, const DeviceInfo& device) {
+    if (bandwidth_bound(plan, chunks_per_row<VectorPath<Storage, kStyle>>(plan), device, LaunchTuning{}))
+        launch_path<Storage, VectorPath<Storage, kStyle, BandwidthAccess>, Capacity>(plan, device);
+    else
+        launch_path<Storage, VectorPath<Storage, kStyle, LatencyAccess>, Capacity>(plan, device);
 }
 
 /// Picks the access path for @p plan: 16-byte vectors where the views allow, else generic.
 template <typename Storage, int Capacity>
 void launch_for_plan(const Plan& plan, const DeviceInfo& device) {
     if (plan.style == Style::half_split && vector_path_fits<Storage, Style::half_split>(plan))
-        launch_path<Storage, VectorPath<Storage, Style::half_split>, Capacity>(plan, device);
+        launch_vector<Storage, Style::half_split, Capacity>(plan, device);
     else if (plan.style == Style::interleaved && vector_path_fits<Storage, Style::interleaved>(plan))
-        launch_path<Storage, VectorPath<Storage, Style::interleaved>, Capacity>(plan, device);
+        launch_vector<Storage, Style::interleaved, Capacity>(plan, device);
     else
         launch_path<Storage, GenericPath<Storage>, Capacity>(plan, device);
 }

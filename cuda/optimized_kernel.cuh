@@ -72,8 +72,7 @@ struct LaunchTuning {
     bool slice_major = true;
     /// Use programmatic dependent launch where the device has it (compute capability >= 9.0).
     bool programmatic_launch = true;
-    /// Read the frequency table at warp-uniform addresses (see rotate_rows).
-    bool broadcast_table = true;
+
 };
 
 /// @brief What the launch needs to know about the current device.
@@ -107,7 +106,6 @@ struct OptimizedArgs {
     FrequencyArgs<Capacity> freq;
     Style style;
     bool slice_major;          ///< LaunchTuning::slice_major.
-    bool broadcast_table;      ///< LaunchTuning::broadcast_table.
     int64_t seq;
     int64_t tokens;            ///< batch * seq.
     int64_t rotary_dim;
@@ -192,27 +190,11 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const To
     // cos/sin of this thread's pairs at this token: computed once, here, while
     // the first loads are in flight, then reused for every row below (2. above).
     const int64_t position = args.positions.at(position_b, position_s);
-    float inv_freq[Path::kPairs];
-    if (args.broadcast_table) {
-        // Constant memory serves one address per access: when the lanes of a
-        // warp read different entries, the accesses are replayed one after the
-        // other, and at the start of a launch each one may miss. Here every
-        // lane reads the whole table at the same (uniform) addresses, which are
-        // independent broadcasts, and keeps its own entries.
-        for (int64_t c = 0; c < args.rotary_chunks; ++c) {
-#pragma unroll
-            for (int p = 0; p < Path::kPairs; ++p) {
-                const float value = args.freq.inv_freq[Path::pair_of(c, p, args.rotary_dim)];
-                if (c == chunk) inv_freq[p] = value;
-            }
-        }
-    } else {
-#pragma unroll
-        for (int p = 0; p < Path::kPairs; ++p) inv_freq[p] = args.freq.inv_freq[Path::pair_of(chunk, p, args.rotary_dim)];
-    }
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
 #pragma unroll
-    for (int p = 0; p < Path::kPairs; ++p) rotation_factors(args.freq, position, inv_freq[p], cos_angle[p], sin_angle[p]);
+    for (int p = 0; p < Path::kPairs; ++p)
+        rotation_factors(args.freq, position, args.freq.inv_freq[Path::pair_of(chunk, p, args.rotary_dim)], cos_angle[p],
+                         sin_angle[p]);
 
     for (int64_t first = row_begin;; first += RowsInFlight) {
         const bool more = first + RowsInFlight < row_end;
@@ -332,6 +314,24 @@ inline int64_t floor_power_of_two(int64_t value) {
     return power;
 }
 
+/// @brief Chunks per row for @p Path: rotating ones, plus pass-through ones when any
+/// operand has a separate output (in place, pass-through features are already where they belong).
+template <typename Path>
+int64_t chunks_per_row(const Plan& plan) {
+    const bool copy_needed = (plan.q.in_geometry.heads > 0 && plan.q.in != plan.q.out) ||
+                             (plan.k.in_geometry.heads > 0 && plan.k.in != plan.k.out);
+    const int64_t pass_chunks = copy_needed ? (plan.head_dim - plan.rotary_dim) / Path::kPassElements : 0;
+    return plan.pairs / Path::kPairs + pass_chunks;
+}
+
+/// @brief True when one row per thread already makes at least a full wave of
+/// threads: the bandwidth regime (else the latency regime, see 4. above).
+inline bool bandwidth_bound(const Plan& plan, int64_t chunks, const DeviceInfo& device, const LaunchTuning& tuning) {
+    const int64_t block_x = std::min<int64_t>(chunks, tuning.block_threads);
+    const int64_t thread_rows = plan.batch * plan.seq * (plan.q.in_geometry.heads + plan.k.in_geometry.heads) * block_x;
+    return thread_rows >= int64_t(device.multiprocessors) * 2048;  // 2048: thread slots of an SM.
+}
+
 /// @brief Builds the kernel arguments and grid for @p plan and launches on plan.stream.
 template <typename Storage, typename Path, int RowsInFlight, int Capacity, int MinBlocksPerSM>
 void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTuning& tuning) {
@@ -348,28 +348,21 @@ void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTu
     args.q_heads = plan.q.in_geometry.heads;
     args.rows = plan.q.in_geometry.heads + plan.k.in_geometry.heads;
     args.rotary_chunks = plan.pairs / Path::kPairs;
-    // Broadcasting costs a pass over the whole table per unit: worth it for a few chunks only.
-    args.broadcast_table = tuning.broadcast_table && args.rotary_chunks <= 32;
-    // Pass-through features need copying only into a separate output.
-    const bool copy_needed = (plan.q.in_geometry.heads > 0 && plan.q.in != plan.q.out) ||
-                             (plan.k.in_geometry.heads > 0 && plan.k.in != plan.k.out);
-    const int64_t pass_chunks = copy_needed ? (plan.head_dim - plan.rotary_dim) / Path::kPassElements : 0;
-    args.chunks = args.rotary_chunks + pass_chunks;
+    args.chunks = chunks_per_row<Path>(plan);
     if (args.tokens == 0 || args.rows == 0) return;
 
     // Grid shape (4. above): block_x threads cover a row's chunks.
     const int64_t block_x = std::min<int64_t>(args.chunks, tuning.block_threads);
     const int64_t resident_threads = int64_t(device.multiprocessors) * 2048;  // Thread slots of the whole GPU.
-    // Bandwidth regime (at least one wave of threads even with one row each):
-    // rows per thread as many as still leave target_waves waves of threads (a
-    // short tail), at most max_rows_per_slice; powers of two keep the batches
-    // whole. Latency regime: few rows per thread and small blocks, so many SMs
-    // each fetch a few kilobytes.
+    // Bandwidth regime: rows per thread as many as still leave target_waves
+    // waves of threads (a short tail), at most max_rows_per_slice; powers of two
+    // keep the batches whole. Latency regime: few rows per thread and small
+    // blocks, so many SMs each fetch a few kilobytes.
+    const bool bandwidth = bandwidth_bound(plan, args.chunks, device, tuning);
     const int64_t thread_rows = args.tokens * args.rows * block_x;
-    const bool bandwidth_bound = thread_rows >= resident_threads;
     if (tuning.force_rows_per_slice > 0)
         args.rows_per_slice = tuning.force_rows_per_slice;
-    else if (bandwidth_bound)
+    else if (bandwidth)
         args.rows_per_slice = floor_power_of_two(
             std::clamp<int64_t>(thread_rows / (resident_threads * tuning.target_waves), 1, tuning.max_rows_per_slice));
     else
@@ -377,7 +370,7 @@ void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTu
     args.rows_per_slice = std::min(args.rows_per_slice, args.rows);
     args.slices = (args.rows + args.rows_per_slice - 1) / args.rows_per_slice;
     args.units = args.tokens * args.slices;
-    const int threads = bandwidth_bound ? tuning.block_threads : tuning.small_block_threads;
+    const int threads = bandwidth ? tuning.block_threads : tuning.small_block_threads;
     const int64_t block_y = std::max<int64_t>(1, threads / block_x);
     const int64_t blocks = (args.units + block_y - 1) / block_y;
     args.by_seq = FastDivisor(args.seq);

@@ -42,28 +42,45 @@ struct alignas(16) Vector16 {
     Storage value[kWidth];                                   ///< The values, in feature order.
 };
 
-/// @brief One 128-bit global load (LDG.E.128 in SASS). @pre @p source is 16-byte aligned.
+/// @brief 16-byte accesses as plain dereferences: the compiler picks the instructions.
 ///
-/// Through the __ldca intrinsic (an ordinary cached load) rather than a
-/// dereference: the compiler then always emits one 16-byte instruction. With a
-/// plain dereference it re-derived the alignment from the pointer arithmetic
-/// and, for the vector half a rotary block away, split it into four 4-byte
-/// accesses (seen in the PTX).
-template <typename Storage>
+/// It emits 128-bit loads, but may split a 128-bit store into narrower ones
+/// where it cannot re-derive the alignment from the pointer arithmetic (it did
+/// so for the vector half a rotary block away).
+struct PlainAccess {
+    __device__ static uint4 load(const void* source) { return *static_cast<const uint4*>(source); }
+    __device__ static void store(void* target, const uint4& value) { *static_cast<uint4*>(target) = value; }
+};
+
+/// @brief 16-byte accesses through the cache-operator intrinsics (ld.global.ca /
+/// st.global.wb): always single 128-bit global instructions.
+struct CachedAccess {
+    __device__ static uint4 load(const void* source) { return __ldca(static_cast<const uint4*>(source)); }
+    __device__ static void store(void* target, const uint4& value) { __stwb(static_cast<uint4*>(target), value); }
+};
+
+/// @brief 16-byte accesses marked streaming (ld.global.cs / st.global.cs: evict first).
+struct StreamingAccess {
+    __device__ static uint4 load(const void* source) { return __ldcs(static_cast<const uint4*>(source)); }
+    __device__ static void store(void* target, const uint4& value) { __stcs(static_cast<uint4*>(target), value); }
+};
+
+/// @brief One 16-byte load (LDG.E.128 in SASS). @pre @p source is 16-byte aligned.
+template <typename Access, typename Storage>
 __device__ inline Vector16<Storage> load16(const Storage* source) {
-    const uint4 raw = __ldca(reinterpret_cast<const uint4*>(source));
+    const uint4 raw = Access::load(source);
     Vector16<Storage> vector;
     memcpy(&vector, &raw, sizeof raw);  // A register-to-register reinterpretation: compiles to nothing.
     return vector;
 }
 
-/// @brief One 128-bit global store (STG.E.128 in SASS), write-back like a plain store.
+/// @brief One 16-byte store (STG.E.128 in SASS, unless Access lets the compiler split it).
 /// @pre @p target is 16-byte aligned.
-template <typename Storage>
+template <typename Access, typename Storage>
 __device__ inline void store16(Storage* target, const Vector16<Storage>& vector) {
     uint4 raw;
     memcpy(&raw, &vector, sizeof raw);
-    __stwb(reinterpret_cast<uint4*>(target), raw);
+    Access::store(target, raw);
 }
 
 /// @brief The 16-byte path for contiguous, aligned rows, specialised on the pairing style.
@@ -83,7 +100,9 @@ __device__ inline void store16(Storage* target, const Vector16<Storage>& vector)
 /// one) gives interleaved rows the same access pattern, and the same number of
 /// pairs per thread, as half-split rows: 32 bytes moved per row visit instead
 /// of 16 halves the per-row address arithmetic.
-template <typename Storage, Style kStyle>
+///
+/// @tparam Access how the 16-byte accesses are issued (PlainAccess, CachedAccess, StreamingAccess)
+template <typename Storage, Style kStyle, typename Access = PlainAccess>
 struct VectorPath {
     static constexpr int kWidth = Vector16<Storage>::kWidth;
     /// Pairs rotated per chunk.
@@ -119,7 +138,7 @@ struct VectorPath {
     /// Reads chunk @p chunk of a row.
     __device__ static Pairs load(const RowRef<Storage>& row, int64_t chunk, Style, int64_t rotary_dim) {
         const int64_t first = chunk * kWidth;
-        return {load16(row.in + first), load16(row.in + rotary_dim / 2 + first)};
+        return {load16<Access>(row.in + first), load16<Access>(row.in + rotary_dim / 2 + first)};
     }
 
     /// Rotates every pair of the chunk, widening to float32 and rounding back.
@@ -145,17 +164,17 @@ struct VectorPath {
     __device__ static void store(const RowRef<Storage>& row, int64_t chunk, Style, int64_t rotary_dim,
                                  const Pairs& pairs) {
         const int64_t first = chunk * kWidth;
-        store16(row.out + first, pairs.first);
-        store16(row.out + rotary_dim / 2 + first, pairs.second);
+        store16<Access>(row.out + first, pairs.first);
+        store16<Access>(row.out + rotary_dim / 2 + first, pairs.second);
     }
 
     /// Raw 16-byte copy of the pass-through features feature ... feature + kPassElements - 1.
     __device__ static Vector16<Storage> load_pass(const RowRef<Storage>& row, int64_t feature) {
-        return load16(row.in + feature);
+        return load16<Access>(row.in + feature);
     }
     /// Writes what load_pass read.
     __device__ static void store_pass(const RowRef<Storage>& row, int64_t feature, const Vector16<Storage>& value) {
-        store16(row.out + feature, value);
+        store16<Access>(row.out + feature, value);
     }
 };
 

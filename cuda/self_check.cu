@@ -757,20 +757,18 @@ void time_compiled_variant(const Plan& plan, const cuda_detail::DeviceInfo& devi
     std::vector<LaunchTuning> tunings;
     for (int threads : {64, 128, 256})
         for (int64_t rows : {1, 2, 4, 8, 16, 32})
-            for (bool broadcast : {true, false})
-                for (bool programmatic : {true, false}) {
-                    if (small ? (threads == 256 || rows > 4) : (threads == 64 || rows < 4 || !programmatic)) continue;
-                    LaunchTuning tuning;
-                    tuning.block_threads = tuning.small_block_threads = threads;
-                    tuning.force_rows_per_slice = rows;
-                    tuning.broadcast_table = broadcast;
-                    tuning.programmatic_launch = programmatic;
-                    tunings.push_back(tuning);
-                }
+            for (bool programmatic : {true, false}) {
+                if (small ? (threads == 256 || rows > 4) : (threads == 64 || rows < 4 || !programmatic)) continue;
+                LaunchTuning tuning;
+                tuning.block_threads = tuning.small_block_threads = threads;
+                tuning.force_rows_per_slice = rows;
+                tuning.programmatic_launch = programmatic;
+                tunings.push_back(tuning);
+            }
     for (const LaunchTuning& tuning : tunings) {
         auto launch = [&] { cuda_detail::launch_optimized<Storage, Path, RowsInFlight, 64, MinBlocks>(plan, device, tuning); };
         const double us = small ? graph_us(stream, 9, 200, launch) : median_us(stream, 7, 10, launch);
-        results.push_back({RowsInFlight, MinBlocks + 100 * tag, tuning, us});
+        results.push_back({RowsInFlight, MinBlocks + tag, tuning, us});
     }
 }
 
@@ -803,7 +801,7 @@ int run_tune() {
         std::printf("FLOOR,graph-replayed empty kernel %.3f us, 64 KB copy kernel %.3f us\n", empty, copy);
     }
     std::printf("TUNE,shape,dtype,style,memcpy_us,copy16_us,default_us,default_ratio,best_us,best_ratio,"
-                "best_rif,best_minblocks,best_block,best_rows,best_broadcast_x10_plus_programmatic\n");
+                "best_rif,best_variant,best_block,best_rows,best_programmatic\n");
     for (const Shape& shape : shapes) {
         const auto& dims = shape.dims;
         for (DType dtype : {DType::f32, DType::bf16}) {
@@ -845,17 +843,23 @@ int run_tune() {
                 dispatch_dtype(dtype, [&](auto storage) {
                     using Storage = decltype(storage);
                     if constexpr (!std::is_same_v<Storage, float16>) {
+                        // The "minblocks" column encodes the compiled variant: register cap
+                        // (1 = none, 3) + 10 x access (0 plain, 1 cached, 2 streaming)
+                        // + 100 for the hardware-conversion experiment.
                         auto all = [&]<Style kStyle>() {
-                            using Path = cuda_detail::VectorPath<Storage, kStyle>;
-                            time_compiled_variant<Storage, Path, 1, 1>(plan, device, stream, shape.small, results);
-                            time_compiled_variant<Storage, Path, 2, 1>(plan, device, stream, shape.small, results);
-                            if (!shape.small) {
-                                time_compiled_variant<Storage, Path, 2, 3>(plan, device, stream, false, results);
-                                if constexpr (std::is_same_v<Storage, bfloat16>) {
-                                    // minblocks + 100 in the output marks the hardware-conversion experiment.
-                                    time_compiled_variant<Storage, HardwareConvertPath<kStyle>, 1, 1>(plan, device, stream, false, results, 1);
-                                    time_compiled_variant<Storage, HardwareConvertPath<kStyle>, 2, 1>(plan, device, stream, false, results, 1);
-                                }
+                            using Plain = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::PlainAccess>;
+                            using Cached = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::CachedAccess>;
+                            using Streaming = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::StreamingAccess>;
+                            const bool small = shape.small;
+                            time_compiled_variant<Storage, Plain, 1, 1>(plan, device, stream, small, results, 0);
+                            time_compiled_variant<Storage, Plain, 2, 1>(plan, device, stream, small, results, 0);
+                            time_compiled_variant<Storage, Cached, 1, 1>(plan, device, stream, small, results, 10);
+                            time_compiled_variant<Storage, Cached, 2, 1>(plan, device, stream, small, results, 10);
+                            time_compiled_variant<Storage, Streaming, 2, 1>(plan, device, stream, small, results, 20);
+                            if (!small) {
+                                time_compiled_variant<Storage, Plain, 2, 3>(plan, device, stream, false, results, 0);
+                                if constexpr (std::is_same_v<Storage, bfloat16>)
+                                    time_compiled_variant<Storage, HardwareConvertPath<kStyle>, 2, 1>(plan, device, stream, false, results, 100);
                             }
                         };
                         if (style == Style::half_split) all.template operator()<Style::half_split>();
@@ -867,16 +871,16 @@ int run_tune() {
                 const char* style_text = style == Style::half_split ? "neox" : "gptj";
                 for (const Variant& v : results)
                     std::printf("VARIANT,[%" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "],%s,%s,rif=%d,minblocks=%d,block=%d,"
-                                "rows=%" PRId64 ",broadcast=%d,programmatic=%d,%.3f,%.4f\n",
+                                "rows=%" PRId64 ",programmatic=%d,%.3f,%.4f\n",
                                 dims[0], dims[1], dims[2], dims[3], dtype_text, style_text, v.rows_in_flight, v.min_blocks,
-                                v.tuning.block_threads, v.tuning.force_rows_per_slice, int(v.tuning.broadcast_table),
-                                int(v.tuning.programmatic_launch), v.us, memcpy_us / v.us);
+                                v.tuning.block_threads, v.tuning.force_rows_per_slice, int(v.tuning.programmatic_launch), v.us,
+                                memcpy_us / v.us);
                 const Variant& best = results.front();
                 std::printf("TUNE,[%" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 "],%s,%s,%.3f,%.3f,%.3f,%.4f,%.3f,%.4f,%d,%d,%d,%" PRId64 ",%d\n",
                             dims[0], dims[1], dims[2], dims[3], dtype_text, style_text, memcpy_us, copy_us, default_us,
                             memcpy_us / default_us, best.us, memcpy_us / best.us, best.rows_in_flight, best.min_blocks,
                             best.tuning.block_threads, best.tuning.force_rows_per_slice,
-                            int(best.tuning.broadcast_table) * 10 + int(best.tuning.programmatic_launch));
+                            int(best.tuning.programmatic_launch));
             }
         }
     }
