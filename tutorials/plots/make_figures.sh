@@ -4,9 +4,11 @@
 # Builds the chapter programs that produce figure data, runs them with
 # ROPE_TUTORIAL_CSV_DIR pointing at <build>/tutorial-figures/ (each writes
 # <program>.csv there), runs every tutorials/plots/*.gp in that folder (each
-# writes one PNG), and copies the PNGs into tutorials/figures/, which is
-# committed so that the figures show on GitHub as well. The docs build runs the
-# same .gp scripts on its own captured output.
+# writes one PNG, rope_<name>.png), and copies them into tutorials/figures/ as
+# <name>.png: committed, so that they can be viewed without building anything.
+# The docs build runs the same .gp scripts on its own captured output and shows
+# rope_<name>.png; the committed copies carry other names because Doxygen's
+# image search would find both and call the name ambiguous.
 #
 # Chapter 4's ladder needs a GPU. Without one, ladder.gp falls back to the
 # recorded H200 run tutorials/figures/data/ladder_h200.csv, and makes no figure
@@ -51,5 +53,7 @@ if [ ${#pngs[@]} -eq 0 ]; then
     echo "make_figures: no figure was made" >&2
     exit 1
 fi
-cp "${pngs[@]}" "$root/tutorials/figures/"
-echo "make_figures: ${pngs[*]} -> $out and tutorials/figures/"
+for png in "${pngs[@]}"; do
+    cp "$png" "$root/tutorials/figures/${png#rope_}"
+done
+echo "make_figures: ${pngs[*]} in $out, copied to tutorials/figures/ without the rope_ prefix"
