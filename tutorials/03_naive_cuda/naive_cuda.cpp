@@ -119,11 +119,19 @@ int main() {
         std::vector<float> host(size_t(kKey.numel()));
         auto host_view = rope::TensorView::contiguous(host.data(), rope::DType::f32, rope::Device::host,
                                                       rope::Layout::bhsd, kKey.in(rope::Layout::bhsd));
+        auto no_k = rope::TensorView::contiguous(nullptr, rope::DType::f32, rope::Device::host, rope::Layout::bhsd,
+                                                 {1, 0, kKey.seq, kKey.head_dim});
         checks.expect(prints_error("host memory handed to a CUDA backend:",
-                                   [&] { rope::apply(*backend, config, rope::RopeArgs::in_place(host_view, host_view)); }),
+                                   [&] { rope::apply(*backend, config, rope::RopeArgs::in_place(host_view, no_k)); }),
                       "rope::apply rejects host memory on a CUDA backend before launching anything");
         checks.expect(prints_error("cudaMalloc of 1 PiB:", [] { rope::Buffer(rope::Device::cuda, size_t(1) << 50); }),
                       "a failed CUDA call becomes a rope::Error with CUDA's own text");
+#if ROPE_TUTORIAL_HAVE_CUDA
+        // A failed call also stays recorded as the thread's "last error", which the
+        // next cudaGetLastError returns: the check after the next kernel launch would
+        // blame that kernel for this allocation. Reading it clears it.
+        cudaGetLastError();
+#endif
     } else {
         prints_error("asking for cuda-naive:", [] { rope::make_backend("cuda-naive"); });
         prints_error("allocating GPU memory:", [] { rope::Buffer(rope::Device::cuda, 1024); });
