@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
     tutorial::print_title(4, "Optimised CUDA: the ladder",
                           "RoPE is memory-bound: one idea at a time, from an uncoalesced port to the speed of a copy");
     tutorial::Checks checks;
+    const std::string csv_file = tutorial::csv_path(argc, argv, "tutorial-04-optimized-cuda");
     tutorial::print_section("1. The problems");
     std::printf("q: %ld heads, k: %ld heads, head_dim %ld, float32, half-split, base 500000, layout bshd, out of place\n",
                 long(kQueryHeads), long(kKeyHeads), long(kHeadDim));
@@ -218,7 +219,7 @@ int main(int argc, char** argv) {
 
     const double prefill_bytes = bytes_moved(kPrefill);
     auto gbps = [&](double us) { return prefill_bytes / (us * 1e-6) / 1e9; };
-    tutorial::Csv csv(tutorial::csv_path(argc, argv, "tutorial-04-optimized-cuda"));
+    tutorial::Csv csv(csv_file);
     csv.table("ladder: prefill [1 x 4096 tokens, 32+8 heads, 128] and decode [32 x 1 token] on " + device_name,
               "step,name,prefill_us,prefill_GBps,prefill_pct_of_copy,decode_us,max_abs_diff_vs_cpu_naive");
     std::printf("\n%-28s %12s %9s %8s %12s %14s  %s\n", "step", "prefill (us)", "GB/s", "% copy", "decode (us)",
