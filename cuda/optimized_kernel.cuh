@@ -58,14 +58,14 @@ struct LaunchTuning {
     /// Most head rows a thread visits per token: more rows share each sincosf
     /// and each unit's index arithmetic, fewer give more, shorter-lived threads
     /// and so a shorter tail.
-    int64_t max_rows_per_slice = 16;
+    int64_t max_rows_per_slice = 0;  ///< 0: the access path's kMaxRowsPerSlice.
     /// Rows per thread below one wave of work, when there are at least as many
     /// tokens as SMs (else 1: decode wants every row on its own thread).
     int64_t small_rows_per_slice = 2;
     /// Rows per thread regardless of the rules above (0: automatic); for --tune.
     int64_t force_rows_per_slice = 0;
-    /// Waves of resident threads the bandwidth regime aims for (how rows per slice is chosen).
-    int64_t target_waves = 4;
+    /// Waves of resident threads the bandwidth regime aims for at least (how rows per slice is chosen).
+    int64_t target_waves = 1;
     /// Order of units: true = slice-major (a block's threads take neighbouring
     /// tokens of the same heads: adjacent rows in bhsd memory, 2-3% faster
     /// there), false = token-major (a block's threads walk the heads of few tokens).
@@ -169,10 +169,11 @@ __device__ inline bool in_place(const OptimizedArgs<Capacity>& args, int64_t row
 
 /// Rotates chunk @p chunk of rows [row_begin, row_end) of token (b, s).
 ///
-/// A software pipeline over batches of RowsInFlight rows: the loads of the
-/// next batch are issued before the current batch is rotated and stored, so
-/// memory requests stay in flight while the thread computes (3. above). Safe
-/// in place too: a batch's stores touch only its own rows.
+/// Batches of RowsInFlight rows, loaded together before any is used. With
+/// Path::kPipelined, a software pipeline: the loads of the next batch are
+/// issued before the current batch is rotated and stored, so memory requests
+/// stay in flight while the thread computes (3. above). Safe in place too: a
+/// batch's stores touch only its own rows.
 template <typename Storage, typename Path, int RowsInFlight, int Capacity>
 __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const TokenRows<Storage>& token,
                                    int64_t position_b, int64_t position_s, int64_t row_begin, int64_t row_end,
@@ -198,7 +199,7 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const To
 
     for (int64_t first = row_begin;; first += RowsInFlight) {
         const bool more = first + RowsInFlight < row_end;
-        if (more) load_batch(next, first + RowsInFlight);  // In flight while this batch is computed.
+        if (Path::kPipelined && more) load_batch(next, first + RowsInFlight);  // In flight while this batch is computed.
 #pragma unroll
         for (int u = 0; u < RowsInFlight; ++u) {
             if (first + u < row_end) {
@@ -207,8 +208,12 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const To
             }
         }
         if (!more) break;
+        if constexpr (Path::kPipelined) {
 #pragma unroll
-        for (int u = 0; u < RowsInFlight; ++u) current[u] = next[u];
+            for (int u = 0; u < RowsInFlight; ++u) current[u] = next[u];
+        } else {
+            load_batch(current, first + RowsInFlight);
+        }
     }
 }
 
@@ -364,7 +369,8 @@ void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTu
         args.rows_per_slice = tuning.force_rows_per_slice;
     else if (bandwidth)
         args.rows_per_slice = floor_power_of_two(
-            std::clamp<int64_t>(thread_rows / (resident_threads * tuning.target_waves), 1, tuning.max_rows_per_slice));
+            std::clamp<int64_t>(thread_rows / (resident_threads * tuning.target_waves), 1,
+                                tuning.max_rows_per_slice > 0 ? tuning.max_rows_per_slice : Path::kMaxRowsPerSlice));
     else
         args.rows_per_slice = args.tokens >= device.multiprocessors ? tuning.small_rows_per_slice : 1;
     args.rows_per_slice = std::min(args.rows_per_slice, args.rows);

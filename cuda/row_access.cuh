@@ -102,17 +102,25 @@ __device__ inline void store16(Storage* target, const Vector16<Storage>& vector)
 /// of 16 halves the per-row address arithmetic.
 ///
 /// @tparam Access how the 16-byte accesses are issued (PlainAccess, CachedAccess, StreamingAccess)
-template <typename Storage, Style kStyle, typename Access = PlainAccess>
+/// @tparam Pipelined whether a thread's row batches are software-pipelined (optimized_kernel.cuh)
+template <typename Storage, Style kStyle, typename Access = PlainAccess, bool Pipelined = sizeof(Storage) == 4>
 struct VectorPath {
     static constexpr int kWidth = Vector16<Storage>::kWidth;
     /// Pairs rotated per chunk.
     static constexpr int kPairs = kWidth;
     /// Pass-through features copied per chunk.
     static constexpr int kPassElements = kWidth;
-    /// Rows per batch of the load pipeline (two batches are live): 2 rows =
-    /// four 16-byte loads per batch (measured on the H200 with
-    /// rope-cuda-self-check --tune).
-    static constexpr int kRowsInFlight = 2;
+    /// Whether row batches are software-pipelined (the next batch's loads issued
+    /// before the current batch is computed). Measured on the H200 with
+    /// rope-cuda-self-check --tune: it pays for fp32, whose arithmetic is light;
+    /// the 2-byte types, whose conversions are heavy, do better loading bigger
+    /// batches without a pipeline (fewer live registers, more resident threads).
+    static constexpr bool kPipelined = Pipelined;
+    /// Rows per batch: 2 pipelined (four 16-byte loads in flight while the
+    /// previous two rows are computed) or 4 without a pipeline.
+    static constexpr int kRowsInFlight = Pipelined ? 2 : 4;
+    /// Most rows a thread visits per token in the bandwidth regime (measured best).
+    static constexpr int64_t kMaxRowsPerSlice = sizeof(Storage) == 4 ? 8 : 16;
     /// Blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
     static constexpr int kMinBlocksPerSM = 1;
 
@@ -189,6 +197,8 @@ struct GenericPath {
     static constexpr int kPassElements = 1;  ///< One pass-through feature per chunk.
     static constexpr int kRowsInFlight = 4;  ///< Scalar loads are small: keep more of them in flight.
     static constexpr int kMinBlocksPerSM = 1;  ///< No register cap.
+    static constexpr bool kPipelined = true;  ///< Next batch's loads overlap this batch's work.
+    static constexpr int64_t kMaxRowsPerSlice = 16;  ///< Rows per thread at most (bandwidth regime).
 
     /// Any plan fits.
     static bool fits(int64_t, int64_t) { return true; }

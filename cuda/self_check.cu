@@ -844,23 +844,26 @@ int run_tune() {
                     using Storage = decltype(storage);
                     if constexpr (!std::is_same_v<Storage, float16>) {
                         // The "minblocks" column encodes the compiled variant: register cap
-                        // (1 = none, 3) + 10 x access (0 plain, 1 cached, 2 streaming)
-                        // + 100 for the hardware-conversion experiment.
+                        // (1 = none) + 10 x access (0 plain, 1 cached, 2 streaming)
+                        // + 100 for the hardware-conversion experiment + 1000 when not pipelined.
                         auto all = [&]<Style kStyle>() {
                             using Plain = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::PlainAccess>;
                             using Cached = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::CachedAccess>;
                             using Streaming = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::StreamingAccess>;
+                            using StreamingPipelined = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::StreamingAccess, true>;
+                            using StreamingUnpipelined = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::StreamingAccess, false>;
                             const bool small = shape.small;
-                            time_compiled_variant<Storage, Plain, 1, 1>(plan, device, stream, small, results, 0);
-                            time_compiled_variant<Storage, Plain, 2, 1>(plan, device, stream, small, results, 0);
-                            time_compiled_variant<Storage, Cached, 1, 1>(plan, device, stream, small, results, 10);
-                            time_compiled_variant<Storage, Cached, 2, 1>(plan, device, stream, small, results, 10);
-                            time_compiled_variant<Storage, Streaming, 2, 1>(plan, device, stream, small, results, 20);
+                            // + 1000: not pipelined.
+                            time_compiled_variant<Storage, Cached, Cached::kRowsInFlight, 1>(plan, device, stream, small, results, 10);
+                            time_compiled_variant<Storage, Plain, Plain::kRowsInFlight, 1>(plan, device, stream, small, results, 0);
+                            time_compiled_variant<Storage, StreamingPipelined, 2, 1>(plan, device, stream, small, results, 20);
+                            time_compiled_variant<Storage, StreamingUnpipelined, 4, 1>(plan, device, stream, small, results, 1020);
                             if (!small) {
-                                time_compiled_variant<Storage, Plain, 2, 3>(plan, device, stream, false, results, 0);
+                                time_compiled_variant<Storage, StreamingUnpipelined, 2, 1>(plan, device, stream, false, results, 1020);
                                 if constexpr (std::is_same_v<Storage, bfloat16>)
                                     time_compiled_variant<Storage, HardwareConvertPath<kStyle>, 2, 1>(plan, device, stream, false, results, 100);
                             }
+                            (void)sizeof(Streaming);
                         };
                         if (style == Style::half_split) all.template operator()<Style::half_split>();
                         else all.template operator()<Style::interleaved>();
