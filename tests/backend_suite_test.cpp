@@ -306,3 +306,31 @@ TEST_CASE_TEMPLATE_DEFINE("bad input is rejected and leaves the outputs untouche
     }
 }
 TEST_CASE_TEMPLATE_APPLY(rejected, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("precise angles: error at position 4M stays at the level of 4K", B, precise) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    CAPTURE(testing::seed());
+    auto error_at = [&](int64_t offset, bool precise, rope::Style style) {
+        rope::RopeConfig config = config_of(128, 0, style);
+        config.precise_angles = precise;
+        Call call = make_call(config, rope::DType::f32, bhsd, {1, 8, 64, 128}, {1, 8, 64, 128});
+        call.offset = offset;
+        const testing::Expected want = testing::oracle_for(call);
+        testing::run(*backend, call);
+        const oracle::ErrorStats q = oracle::compare(call.q_out.values(), want.q);
+        CHECK(q.non_finite == 0);
+        return q.rel_l2;
+    };
+    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+        CAPTURE(rope::style_name(style));
+        const double precise_4k = error_at(4096, true, style), precise_4m = error_at(4194304, true, style);
+        const double default_4m = error_at(4194304, false, style);
+        INFO("rel_l2 precise@4K " << precise_4k << ", precise@4M " << precise_4m << ", default@4M " << default_4m);
+        CHECK(precise_4k <= 2e-6);         // float32 sin/cos and products only
+        CHECK(precise_4m <= 10 * precise_4k);  // the issue's target: within 10x of 4K
+        CHECK(precise_4m <= 2e-6);
+        CHECK(default_4m > 100 * precise_4m);  // and the default really is worse there
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(precise, AllBackends);

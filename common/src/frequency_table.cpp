@@ -147,8 +147,16 @@ FrequencyTable make_frequency_table(const RopeConfig& config, int64_t max_positi
 
     FrequencyTable table;
     table.inv_freq.resize(theta.size());
-    for (size_t i = 0; i < theta.size(); ++i) table.inv_freq[i] = static_cast<float>(theta[i]);
-    table.inv_freq_exact = theta;
+    table.inv_freq_exact.resize(theta.size());
+    for (size_t i = 0; i < theta.size(); ++i) {
+        table.inv_freq[i] = static_cast<float>(theta[i]);
+        // The precise mode's theta_i is float32 + float32 (about 48 significant
+        // bits, 4e-15 relative): exactly representable in double, and it can
+        // travel to a GPU as two float tables, so every backend uses the
+        // bit-identical double.
+        const float low = static_cast<float>(theta[i] - double(table.inv_freq[i]));
+        table.inv_freq_exact[i] = double(table.inv_freq[i]) + double(low);
+    }
     table.attention_factor = static_cast<float>(attention_factor);
     return table;
 }

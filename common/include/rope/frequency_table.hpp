@@ -17,7 +17,8 @@ namespace rope {
 /// nothing else, so every backend supports them for free.
 struct FrequencyTable {
     std::vector<float> inv_freq;    ///< theta_i for i in [0, rotary_dim/2), rounded to float32.
-    /// The same theta_i before rounding, for RopeConfig::precise_angles.
+    /// The same theta_i to about 48 bits (the float32 value plus a float32
+    /// correction, held as a double), for RopeConfig::precise_angles.
     std::vector<double> inv_freq_exact;
     float attention_factor = 1.0f;  ///< Multiplies cos and sin (1 unless a scaling type says otherwise).
 };
