@@ -15,66 +15,23 @@
 #include <sstream>
 
 #include "backend_tags.hpp"
+#include "golden_file.hpp"
 #include "support.hpp"
 
 namespace {
 
 const std::filesystem::path golden_dir = std::filesystem::path(ROPE_GOLDEN_DIR) / "scaling";
 
-// Keys whose value is a list of numbers; every other key is text.
-const std::set<std::string> number_keys = {"q",        "k",        "q_out",        "k_out",      "positions",
-                                           "inv_freq", "short_factor", "long_factor"};
+using Golden = golden::File;
 
-struct Golden {
-    std::string name;
-    std::map<std::string, std::string> meta;
-    std::map<std::string, std::vector<double>> data;
-
-    bool has(const std::string& key) const { return meta.count(key) != 0; }
-    double number(const std::string& key) const { return std::stod(meta.at(key)); }
-};
-
-Golden load(const std::filesystem::path& path) {
-    Golden golden;
-    golden.name = path.filename().string();
-    std::ifstream file(path);
-    REQUIRE_MESSAGE(file.good(), "cannot open " << path);
-    std::string line;
-    while (std::getline(file, line)) {
-        if (line.empty() || line[0] == '#') continue;
-        const auto colon = line.find(':');
-        REQUIRE_MESSAGE(colon != std::string::npos, golden.name << ": no `key: value` in line " << line.substr(0, 60));
-        const std::string key = line.substr(0, colon), value = line.substr(colon + 1);
-        if (number_keys.count(key)) {
-            std::istringstream numbers(value);
-            double x;
-            while (numbers >> x) golden.data[key].push_back(x);
-        } else {
-            golden.meta[key] = value.substr(value.find_first_not_of(' '));
-        }
-    }
-    return golden;
-}
-
-// The golden files, sorted by name; none found is a failure, not a skip: the
-// goldens are part of the repository.
+// The golden files; none found is a failure, not a skip: the goldens are part of the repository.
 std::vector<Golden> goldens() {
-    std::vector<std::filesystem::path> paths;
-    if (std::filesystem::is_directory(golden_dir))
-        for (const auto& entry : std::filesystem::directory_iterator(golden_dir)) {
-            const std::string file = entry.path().filename().string();
-            if (file.rfind("hf_scaling_", 0) == 0 && entry.path().extension() == ".txt") paths.push_back(entry.path());
-        }
-    std::sort(paths.begin(), paths.end());
-    std::vector<Golden> all;
-    for (const auto& path : paths) all.push_back(load(path));
+    std::vector<Golden> all = golden::load_all(golden_dir, "hf_scaling_");
+    REQUIRE_MESSAGE(!all.empty(), "golden files missing: no hf_scaling_*.txt in "
+                                      << golden_dir.string()
+                                      << " (generate them with scripts/make_golden_hf_scaling.py on a machine with transformers)");
     return all;
 }
-
-#define REQUIRE_GOLDENS(all)                                                                                    \
-    REQUIRE_MESSAGE(!(all).empty(), "golden files missing: no hf_scaling_*.txt in " << golden_dir.string()       \
-                                        << " (generate them with scripts/make_golden_hf_scaling.py "             \
-                                           "on a machine with transformers)")
 
 // The RopeConfig a golden file describes, read as a model config would be.
 rope::RopeConfig config_of(const Golden& golden) {
@@ -99,13 +56,6 @@ rope::RopeConfig config_of(const Golden& golden) {
     if (golden.data.count("short_factor")) s.short_factor = golden.data.at("short_factor");
     if (golden.data.count("long_factor")) s.long_factor = golden.data.at("long_factor");
     return config;
-}
-
-std::array<int64_t, 4> shape_of(const std::string& text) {
-    std::istringstream in(text);
-    std::array<int64_t, 4> shape{};
-    for (auto& n : shape) in >> n;
-    return shape;
 }
 
 // The positions of a golden call: explicit ids, or position_offset + s.
@@ -135,13 +85,6 @@ GoldenPositions positions_of(const Golden& golden, int64_t seq) {
     return p;
 }
 
-testing::HostTensor tensor_from(const std::vector<double>& values, std::array<int64_t, 4> shape) {
-    testing::HostTensor t = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, shape);
-    REQUIRE(values.size() == size_t(t.view.numel()));
-    for (size_t i = 0; i < values.size(); ++i) reinterpret_cast<float*>(t.storage.data())[i] = float(values[i]);
-    return t;
-}
-
 // How far our angles may be from transformers': both compute the float32 angle
 // position * theta_i from their own float32 theta_i. Where the two theta_i are
 // equal the angles are bit-identical; where they differ by d_i, the exact
@@ -164,14 +107,13 @@ double angle_bound(const std::vector<float>& ours, const std::vector<double>& th
 
 TEST_CASE("scaling golden files cover every scaling type") {
     const std::vector<Golden> all = goldens();
-    REQUIRE_GOLDENS(all);
     std::set<std::string> types;
     bool dynamic_within = false, dynamic_past = false, longrope_short = false, longrope_long = false;
     for (const Golden& golden : all) {
         CAPTURE(golden.name);
         const rope::RopeConfig config = config_of(golden);
         types.insert(std::string(rope::scaling_type_name(config.scaling.type)));
-        const int64_t seq = shape_of(golden.meta.at("q_shape"))[2];
+        const int64_t seq = golden::shape_of(golden.meta.at("q_shape"))[2];
         const int64_t length = positions_of(golden, seq).max_position;
         const bool past = length > config.scaling.original_max_position_embeddings;
         if (config.scaling.type == rope::ScalingType::dynamic) (past ? dynamic_past : dynamic_within) = true;
@@ -189,11 +131,10 @@ TEST_CASE("scaling golden files cover every scaling type") {
 
 TEST_CASE("make_frequency_table matches transformers' inv_freq and attention factor") {
     const std::vector<Golden> all = goldens();
-    REQUIRE_GOLDENS(all);
     for (const Golden& golden : all) {
         CAPTURE(golden.name);
         const rope::RopeConfig config = config_of(golden);
-        const int64_t seq = shape_of(golden.meta.at("q_shape"))[2];
+        const int64_t seq = golden::shape_of(golden.meta.at("q_shape"))[2];
         const rope::FrequencyTable table = rope::make_frequency_table(config, positions_of(golden, seq).max_position);
         const std::vector<double>& want = golden.data.at("inv_freq");
         REQUIRE(table.inv_freq.size() == want.size());
@@ -211,17 +152,16 @@ TEST_CASE_TEMPLATE_DEFINE("scaled RoPE reproduces transformers' golden vectors",
     auto backend = testing::backend_or_skip(B::name);
     if (!backend) return;
     const std::vector<Golden> all = goldens();
-    REQUIRE_GOLDENS(all);
     for (const Golden& golden : all) {
         CAPTURE(golden.name);
         REQUIRE(golden.meta.at("layout") == "bhsd");
-        const auto q_shape = shape_of(golden.meta.at("q_shape")), k_shape = shape_of(golden.meta.at("k_shape"));
+        const auto q_shape = golden::shape_of(golden.meta.at("q_shape")), k_shape = golden::shape_of(golden.meta.at("k_shape"));
         const GoldenPositions positions = positions_of(golden, q_shape[2]);
 
         testing::Call call;
         call.config = config_of(golden);
-        call.q = tensor_from(golden.data.at("q"), q_shape);
-        call.k = tensor_from(golden.data.at("k"), k_shape);
+        call.q = golden::tensor_from(golden.data.at("q"), rope::Layout::bhsd, q_shape);
+        call.k = golden::tensor_from(golden.data.at("k"), rope::Layout::bhsd, k_shape);
         call.q_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, q_shape);
         call.k_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, k_shape);
         call.q_out.poison();
