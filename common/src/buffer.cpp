@@ -115,6 +115,7 @@ std::string cuda_unavailable_reason() {
 
 void cuda_synchronize() {
 #if ROPE_HAVE_CUDA
+    if (cuda_device_count() == 0) return;  // A CUDA build on a machine without a GPU: nothing can be queued.
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 #endif
 }

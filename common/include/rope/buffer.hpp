@@ -68,7 +68,8 @@ int cuda_device_count();
 /// @return the reason ("built without CUDA ...", "no CUDA device ..."), or "" if CUDA is usable.
 std::string cuda_unavailable_reason();
 
-/// @brief Blocks until all work on the current CUDA device has finished (no-op without CUDA).
+/// @brief Blocks until all work on the current CUDA device has finished (no-op in a build
+/// without CUDA or on a machine without a CUDA device).
 /// @throws rope::Error if the device reports an error (e.g. from an earlier asynchronous launch).
 void cuda_synchronize();
 
