@@ -55,17 +55,15 @@ struct LaunchTuning {
     int block_threads = 128;
     /// Threads per block below one wave of work: small blocks spread a small problem over more SMs.
     int small_block_threads = 128;
-    /// Most head rows a thread visits per token: more rows share each sincosf
-    /// and each unit's index arithmetic, fewer give more, shorter-lived threads
-    /// and so a shorter tail.
-    int64_t max_rows_per_slice = 0;  ///< 0: the access path's kMaxRowsPerSlice.
+    /// Head rows a thread visits per token in the bandwidth regime (0: the
+    /// access path's kMaxRowsPerSlice): more rows share each sincosf and each
+    /// unit's index arithmetic, fewer give more, shorter-lived threads.
+    int64_t max_rows_per_slice = 0;
     /// Rows per thread below one wave of work, when there are at least as many
     /// tokens as SMs (else 1: decode wants every row on its own thread).
     int64_t small_rows_per_slice = 2;
     /// Rows per thread regardless of the rules above (0: automatic); for --tune.
     int64_t force_rows_per_slice = 0;
-    /// Waves of resident threads the bandwidth regime aims for at least (how rows per slice is chosen).
-    int64_t target_waves = 1;
     /// Order of units: true = slice-major (a block's threads take neighbouring
     /// tokens of the same heads: adjacent rows in bhsd memory, 2-3% faster
     /// there), false = token-major (a block's threads walk the heads of few tokens).
@@ -358,19 +356,15 @@ void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTu
 
     // Grid shape (4. above): block_x threads cover a row's chunks.
     const int64_t block_x = std::min<int64_t>(args.chunks, tuning.block_threads);
-    const int64_t resident_threads = int64_t(device.multiprocessors) * 2048;  // Thread slots of the whole GPU.
-    // Bandwidth regime: rows per thread as many as still leave target_waves
-    // waves of threads (a short tail), at most max_rows_per_slice; powers of two
-    // keep the batches whole. Latency regime: few rows per thread and small
-    // blocks, so many SMs each fetch a few kilobytes.
+    // Bandwidth regime: each thread visits the access path's kMaxRowsPerSlice
+    // rows per token (measured best: more rows share each unit's sincosf and
+    // index arithmetic). Latency regime: few rows per thread and small blocks,
+    // so many SMs each fetch a few kilobytes.
     const bool bandwidth = bandwidth_bound(plan, args.chunks, device, tuning);
-    const int64_t thread_rows = args.tokens * args.rows * block_x;
     if (tuning.force_rows_per_slice > 0)
         args.rows_per_slice = tuning.force_rows_per_slice;
     else if (bandwidth)
-        args.rows_per_slice = floor_power_of_two(
-            std::clamp<int64_t>(thread_rows / (resident_threads * tuning.target_waves), 1,
-                                tuning.max_rows_per_slice > 0 ? tuning.max_rows_per_slice : Path::kMaxRowsPerSlice));
+        args.rows_per_slice = tuning.max_rows_per_slice > 0 ? tuning.max_rows_per_slice : Path::kMaxRowsPerSlice;
     else
         args.rows_per_slice = args.tokens >= device.multiprocessors ? tuning.small_rows_per_slice : 1;
     args.rows_per_slice = std::min(args.rows_per_slice, args.rows);

@@ -119,8 +119,10 @@ struct VectorPath {
     /// Rows per batch: 2 pipelined (four 16-byte loads in flight while the
     /// previous two rows are computed) or 4 without a pipeline.
     static constexpr int kRowsInFlight = Pipelined ? 2 : 4;
-    /// Most rows a thread visits per token in the bandwidth regime (measured best).
-    static constexpr int64_t kMaxRowsPerSlice = sizeof(Storage) == 4 ? 8 : 16;
+    /// Rows a thread visits per token in the bandwidth regime (measured best on
+    /// the H200: 8 for fp32; 32 for the 2-byte types, whose per-unit sincosf of
+    /// 8 pairs needs more rows to amortise).
+    static constexpr int64_t kMaxRowsPerSlice = sizeof(Storage) == 4 ? 8 : 32;
     /// Blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
     static constexpr int kMinBlocksPerSM = 1;
 
