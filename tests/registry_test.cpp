@@ -48,3 +48,33 @@ TEST_CASE("CUDA backends on a machine without a GPU say so") {
                            info.reason.find("built without CUDA") != std::string::npos;
     CHECK_MESSAGE(explained, info.reason);
 }
+
+namespace {
+// A backend that implements nothing but says it lacks the precise mode, to test
+// apply()'s refusal on any machine (the CUDA backends declare the same).
+class NoPreciseBackend final : public rope::Backend {
+public:
+    std::string name() const override { return "no-precise"; }
+    rope::Device device() const override { return rope::Device::host; }
+    bool supports_precise_angles() const override { return false; }
+    void run(const rope::Plan&) override { ++runs; }
+    int runs = 0;
+};
+}  // namespace
+
+TEST_CASE("apply refuses the precise mode on a backend that does not implement it") {
+    NoPreciseBackend backend;
+    std::vector<float> q(2 * 4 * 8, 1.0f);
+    auto view = rope::TensorView::contiguous(q.data(), rope::DType::f32, rope::Device::host, rope::Layout::bhsd, {1, 2, 4, 8});
+    rope::TensorView no_k = view;
+    no_k.shape[1] = 0;
+    rope::RopeConfig config;
+    config.head_dim = 8;
+    config.precise_angles = true;
+    CHECK_THROWS_WITH_AS(rope::apply(backend, config, rope::RopeArgs::in_place(view, no_k)),
+                         doctest::Contains("precise_angles = true: no-precise does not implement"), rope::Error);
+    CHECK(backend.runs == 0);
+    config.precise_angles = false;
+    rope::apply(backend, config, rope::RopeArgs::in_place(view, no_k));
+    CHECK(backend.runs == 1);
+}

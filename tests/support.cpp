@@ -1,5 +1,6 @@
 #include "support.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -121,6 +122,8 @@ void run(rope::Backend& backend, Call& call, const std::function<void(rope::Rope
         ids.copy_from_host(call.ids.data());
         positions.ids = static_cast<const int64_t*>(ids.data());
         positions.device = rope::Device::cuda;
+        // rope cannot read device-resident ids; length-dependent scaling needs their bound.
+        positions.max_position = *std::max_element(call.ids.begin(), call.ids.end()) + 1;
     }
     rope::RopeArgs args = call.in_place
                               ? rope::RopeArgs::in_place(q.view, k.view, positions, call.direction)

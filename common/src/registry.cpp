@@ -80,6 +80,8 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
 
 void apply(Backend& backend, const RopeConfig& config, const RopeArgs& args) {
     const Plan plan = make_plan(config, args, backend.device());
+    if (plan.precise_angles && !backend.supports_precise_angles())
+        fail("precise_angles", "true", backend.name() + " does not implement the precise-angle mode yet");
     if (plan.empty()) return;  // An empty tensor is a valid no-op.
     backend.run(plan);
 }

@@ -257,14 +257,18 @@ int main() {
                 meaningful_flops ? "" : "  (Debug/sanitizer build: not meaningful)");
     std::printf("%-34s %14.2e %14.2e %16.2f\n", "NVIDIA H200 (published figures)", h200_flops, h200_bandwidth,
                 h200_flops / h200_bandwidth);
-    std::printf("RoPE's %.3f flop/byte is below both balances: at full bandwidth the arithmetic units idle\n"
-                "%.0f%% (CPU core) and %.0f%% (H200) of the time. Attainable = min(peak flop/s, intensity x bandwidth):\n"
-                "the bandwidth term wins, so the right yardstick is %% of a copy, not %% of peak flop/s.\n",
-                intensity_f32, 100 * (1 - intensity_f32 / cpu_balance),
-                100 * (1 - intensity_f32 / (h200_flops / h200_bandwidth)));
-    checks.expect((intensity_f32 < cpu_balance || !meaningful_flops) && intensity_f32 < h200_flops / h200_bandwidth,
-                  "RoPE's intensity (" + tutorial::fixed(intensity_f32, 3) + " flop/B) is below this CPU's balance (" +
-                      tutorial::fixed(cpu_balance) + ") and the H200's (" +
+    // The CPU figure comes from a short scalar loop on whatever machine runs this
+    // (a busy or virtualised core can read far below its peak), so it is shown,
+    // not asserted; the check uses the H200's published figures.
+    std::printf("RoPE's %.3f flop/byte is below the H200's balance: at full bandwidth its arithmetic units idle\n"
+                "%.0f%% of the time. Attainable = min(peak flop/s, intensity x bandwidth): the bandwidth term\n"
+                "wins, so the right yardstick is %% of a copy, not %% of peak flop/s. The CPU row is indicative:\n"
+                "a scalar loop on one core%s.\n",
+                intensity_f32, 100 * (1 - intensity_f32 / (h200_flops / h200_bandwidth)),
+                meaningful_flops && cpu_balance > intensity_f32 ? ", and RoPE is below its balance too"
+                                                                : ", which here measured below RoPE's intensity");
+    checks.expect(intensity_f32 < h200_flops / h200_bandwidth,
+                  "RoPE's intensity (" + tutorial::fixed(intensity_f32, 3) + " flop/B) is below the H200's balance (" +
                       tutorial::fixed(h200_flops / h200_bandwidth, 1) + "): memory-bound");
 
     // Where the time of each CPU backend goes, on q [1, 32, 1024, 128] + k [1, 8, 1024, 128].

@@ -31,6 +31,11 @@ public:
     /// @brief Where this backend expects q, k, outputs and position ids to live.
     /// @return Device::host for CPU backends, Device::cuda for CUDA backends.
     virtual Device device() const = 0;
+    /// @brief Whether this backend implements RopeConfig::precise_angles.
+    /// @return true unless the backend overrides it; apply() rejects the
+    /// precise mode on a backend that returns false, rather than silently
+    /// computing the default float32 angles.
+    virtual bool supports_precise_angles() const { return true; }
     /// @brief Executes @p plan. Device backends enqueue on plan.stream and return
     /// without synchronising.
     /// @param plan a validated, non-empty call, built by make_plan() for this backend's device().
