@@ -1,21 +1,24 @@
 // cpu-eigen: RoPE as Eigen array expressions on OpenMP threads.
 //
-// It computes exactly what cpu-naive computes (same float32 angle from
-// rope_angle, same std::cos/std::sin, same rotation), only faster. RoPE does
-// a handful of flops per element against 8 bytes moved (fp32, read + write),
-// so it is bound by memory bandwidth, and speed comes from three things:
+// It computes exactly what cpu-naive computes (the same angle from the shared
+// pair_angle, the same std::cos/std::sin, the same rotation), only faster.
+// RoPE does a handful of flops per element against 8 bytes moved (fp32, read
+// and written), so it is bound by memory bandwidth; speed comes from keeping
+// the memory system busy all the time, with as little work as possible:
 //
-//   1. cos/sin are computed once per (position, pair) and reused by every head
-//      of q and k (and by every sequence when they share positions). cpu-naive
-//      recomputes them per head: 64 heads means 64 times the trigonometry.
-//   2. A head row is rotated as Eigen fixed-size arrays, several pairs per
+//   1. A head row is rotated as Eigen fixed-size arrays, several pairs per
 //      instruction (SIMD), with a generic gather/scatter path for strided
 //      views and 16-bit storage.
+//   2. cos/sin are computed once per (position, pair) and reused by every head
+//      of q and k (and by every sequence when they share positions); cpu-naive
+//      recomputes them per head.
 //   3. OpenMP threads split the tokens and, when there are too few tokens
-//      (decoding one token at a time), the heads, so every core streams.
+//      (decoding one token at a time), the heads, so every core streams; each
+//      thread walks memory in its own order and prefetches the rows it will
+//      rotate next.
 //
-// Read top to bottom: the row kernel, the trigonometry table, the work split,
-// and the backend that ties them together.
+// Read top to bottom: the row kernel, the cos/sin tables, the work split and
+// walk, and the backend that ties them together.
 #include <omp.h>
 
 #include <Eigen/Core>
@@ -164,20 +167,31 @@ RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand) {
 // 2. cos and sin, once per (position, pair)
 // ---------------------------------------------------------------------------
 
-// cos and sin of a block of consecutive tokens, [token][pair], already scaled
-// by the attention factor and, for the inverse, with sin negated, so the row
-// kernel only multiplies.
+// Consecutive tokens of one position row: the tokens one cos/sin table serves.
+struct TokenBlock {
+    int64_t index = 0;          // Which block of the call.
+    int64_t position_row = 0;   // Row of positions: b for per-sequence ids, else 0.
+    int64_t first_token = 0;
+    int64_t tokens = 0;
+};
+
+// Fills the table of @p block: entry [t * pairs + i] holds cos and sin of pair
+// i at token t, already scaled by the attention factor and, for the inverse,
+// with sin negated, so the row kernel only multiplies.
 //
-// The table of one block stays small (kTableBytes) so it lives in L1 while
-// every head of q and k streams past it.
-void fill_trig_table(const Plan& plan, int64_t position_row, int64_t first_token, int64_t tokens, float* cos,
-                     float* sin) {
+// This is all of the backend's trigonometry: one sincos per (position, pair),
+// then reused by every head of q and k (and every sequence sharing the
+// positions). At [1, 32, 4096, 128] it is still about a seventh of the time,
+// because the memory bus idles meanwhile. (Filling the next block's table a
+// few entries per row, hoping the out-of-order core would hide the sines
+// behind the loads, measured slower here, so the simple version stays.)
+void fill_trig_table(const Plan& plan, const TokenBlock& block, float* cos, float* sin) {
     const float sign = plan.direction == Direction::forward ? 1.0f : -1.0f;
     const float scale = plan.frequencies.attention_factor;
     const float* inv_freq = plan.frequencies.inv_freq.data();
     const double* inv_freq_exact = plan.frequencies.inv_freq_exact.data();
-    for (int64_t t = 0; t < tokens; ++t) {
-        const int64_t position = plan.positions.at(position_row, first_token + t);
+    for (int64_t t = 0; t < block.tokens; ++t) {
+        const int64_t position = plan.positions.at(block.position_row, block.first_token + t);
         for (int64_t i = 0; i < plan.pairs; ++i) {
             // The same angle (float32 by default, or the precise mode's) and the
             // same std::cos/std::sin as cpu-naive: the two backends then differ
@@ -189,24 +203,26 @@ void fill_trig_table(const Plan& plan, int64_t position_row, int64_t first_token
     }
 }
 
+// One thread's cos/sin table, kept between calls so the hot path never allocates.
+struct TrigTable {
+    std::vector<float> cos;
+    std::vector<float> sin;
+};
+
 // ---------------------------------------------------------------------------
-// 3. Splitting the work among threads
+// 3. Splitting the work among threads, and walking it
 // ---------------------------------------------------------------------------
 
-// Bytes of cos + sin per table: a third of a typical 32-48 KiB L1 data cache.
-#ifndef KTB
-#define KTB 16
-#endif
-constexpr int64_t kTableBytes = KTB * 1024;
+// Bytes of cos + sin per table (128 tokens at head_dim 128): small enough to
+// stay in L2 next to the rows streaming through, large enough that each head
+// is read in long contiguous runs.
+constexpr int64_t kTableBytes = 64 * 1024;
 // Work units per thread: enough that an uneven last unit costs little.
 constexpr int64_t kUnitsPerThread = 8;
 // Bytes per cache line (x86-64 and most ARM cores): the unit of prefetching.
 constexpr int64_t kCacheLine = 64;
-// Rows of a head prefetched ahead of the one being rotated.
-#ifndef KPR
-#define KPR 8
-#endif
-constexpr int64_t kPrefetchRows = KPR;
+// Rows requested ahead of the one being rotated (4 KiB at head_dim 128, fp32).
+constexpr int64_t kPrefetchRows = 8;
 
 // How a call is cut into independent units of work.
 //
@@ -218,20 +234,27 @@ constexpr int64_t kPrefetchRows = KPR;
 // the heads, are cut into chunks instead and both cores still get work.
 struct WorkSplit {
     int64_t position_rows = 1;       // Distinct rows of positions: 1 (shared) or batch.
-    int64_t sequences_per_row = 1;   // Sequences that use one position row.
-    int64_t owners = 0;              // sequences_per_row * (q heads + k heads).
+    int64_t owners = 0;              // Owners per position row: sequences sharing it * (q + k heads).
     int64_t tokens_per_block = 1;    // Tokens per cos/sin table.
     int64_t blocks_per_row = 1;      // ceil(seq / tokens_per_block).
     int64_t owner_chunks = 1;        // Chunks the owners of one block are cut into.
+    int64_t seq = 0;
     int64_t units() const { return position_rows * blocks_per_row * owner_chunks; }
+
+    // The token block that unit @p unit works on.
+    TokenBlock block_of(int64_t unit) const {
+        const int64_t index = unit / owner_chunks;
+        const int64_t first_token = (index % blocks_per_row) * tokens_per_block;
+        return {index, index / blocks_per_row, first_token, std::min(tokens_per_block, seq - first_token)};
+    }
 };
 
 WorkSplit split_work(const Plan& plan, int64_t threads) {
     WorkSplit split;
     const bool per_sequence_ids = plan.positions.ids != nullptr && plan.positions.row_stride != 0;
     split.position_rows = per_sequence_ids ? plan.batch : 1;
-    split.sequences_per_row = per_sequence_ids ? 1 : plan.batch;
-    split.owners = split.sequences_per_row * (plan.q.in_geometry.heads + plan.k.in_geometry.heads);
+    split.owners = (per_sequence_ids ? 1 : plan.batch) * (plan.q.in_geometry.heads + plan.k.in_geometry.heads);
+    split.seq = plan.seq;
 
     const int64_t target_units = threads * kUnitsPerThread;
     const int64_t table_tokens = std::max<int64_t>(1, kTableBytes / (2 * int64_t(sizeof(float)) * plan.pairs));
@@ -244,67 +267,21 @@ WorkSplit split_work(const Plan& plan, int64_t threads) {
     return split;
 }
 
-// One thread's cos/sin table, kept between calls so the hot path never allocates.
-struct ThreadScratch {
-    std::vector<float> cos;
-    std::vector<float> sin;
-};
-
-// The rows of one unit, in the order a thread visits them.
-//
-// Memory is visited in its own order: for [b, h, s, d] the rows of one head
-// are adjacent, so each owner's tokens are walked before the next owner; for
-// [b, s, h, d] the heads of one token are adjacent, so each token's owners are
-// walked before the next token.
-struct UnitRows {
-    int64_t heads;           // q heads + k heads: owners per sequence.
-    int64_t first_sequence;  // Sequence of the unit's first owner.
-    int64_t first_head;      // Its head, counting q's heads first, then k's.
-    int64_t owners;          // Owners in the unit.
-    int64_t tokens;          // Tokens in the unit's block.
-    bool tokens_inner;       // Walk an owner's tokens before moving to the next owner.
-    int64_t size() const { return owners * tokens; }
-};
-
-// A position in that walk: which owner (sequence, head) and which token of the block.
-struct RowCursor {
-    int64_t sequence;
-    int64_t head;   // Counting q's heads first, then k's.
-    int64_t owner;  // 0 .. owners-1 within the unit.
-    int64_t token;  // 0 .. tokens-1 within the block.
-};
-
-RowCursor first_row(const UnitRows& unit) { return {unit.first_sequence, unit.first_head, 0, 0}; }
-
-// Steps @p cursor to the next row of the walk, without a division.
-void advance(const UnitRows& unit, RowCursor& cursor) {
-    auto next_owner = [&] {
-        ++cursor.owner;
-        if (++cursor.head == unit.heads) cursor.head = 0, ++cursor.sequence;
-    };
-    if (unit.tokens_inner) {
-        if (++cursor.token < unit.tokens) return;
-        cursor.token = 0;
-        next_owner();
-    } else {
-        next_owner();
-        if (cursor.owner < unit.owners) return;
-        cursor = {unit.first_sequence, unit.first_head, 0, cursor.token + 1};
-    }
-}
-
-// Where one row's input and output live, and the kernel for its operand.
+// One head row ready to rotate: where its input and output live, and the
+// kernel for its operand (q and k may differ in strides).
 template <typename Storage>
 struct RowRef {
     Row<const Storage> in;
     Row<Storage> out;
-    RowKernel<Storage> kernel;
+    int64_t in_step;   // stride_seq: from this row to the same head's next token.
+    int64_t out_step;
     int64_t prefetch_bytes;  // Bytes of the row to prefetch; 0 for strided rows.
+    RowKernel<Storage> kernel;
 
-    // Asks the memory system for this row ahead of use. RoPE computes for a
-    // while on each row it loads, and memory left idle meanwhile is bandwidth
-    // lost; hardware prefetchers also restart at every jump between heads.
-    // So the loop names the rows it will need a few rows from now itself.
+    // Asks the memory system for this row ahead of its use. RoPE computes for
+    // a while on every row it loads, and memory left idle meanwhile is
+    // bandwidth lost; hardware prefetchers also stall at every jump from one
+    // head to the next. So the loop names the rows it will need soon itself.
     void prefetch() const {
         const char* read = reinterpret_cast<const char*>(in.data);
         const char* write = reinterpret_cast<const char*>(out.data);
@@ -313,6 +290,99 @@ struct RowRef {
             if (write != read) __builtin_prefetch(write + byte, 1);
         }
     }
+};
+
+// The rows of one unit, in the order a thread visits them.
+//
+// Memory is visited in its own order: for [b, h, s, d] the rows of one head
+// are adjacent, so each owner's tokens are walked before the next owner (and
+// the next row is just one stride further); for [b, s, h, d] the heads of one
+// token are adjacent, so each token's owners are walked before the next token.
+template <typename Storage>
+class RowWalk {
+public:
+    // A position in the walk: which owner (sequence, head) and which token.
+    struct Cursor {
+        int64_t sequence;
+        int64_t head;   // Counting q's heads first, then k's.
+        int64_t owner;  // 0 .. owners-1 within the unit.
+        int64_t token;  // 0 .. tokens-1 within the block.
+        RowRef<Storage> row;
+    };
+
+    RowWalk(const Plan& plan, const RowKernel<Storage> (&kernels)[2], bool tokens_inner, const WorkSplit& split,
+            int64_t unit)
+        : plan_(plan), kernels_(kernels), heads_(plan.q.in_geometry.heads + plan.k.in_geometry.heads),
+          tokens_inner_(tokens_inner) {
+        const TokenBlock block = split.block_of(unit);
+        const int64_t chunk = unit % split.owner_chunks;
+        const int64_t owner_begin = chunk * split.owners / split.owner_chunks;
+        const int64_t owner_end = (chunk + 1) * split.owners / split.owner_chunks;
+        // Shared positions: the position row is 0 and the owners span the batch.
+        // Per-sequence ids: the owners are the heads of sequence position_row.
+        first_sequence_ = block.position_row + owner_begin / heads_;
+        first_head_ = owner_begin % heads_;
+        owners_ = owner_end - owner_begin;
+        first_token_ = block.first_token;
+        tokens_ = block.tokens;
+    }
+
+    int64_t size() const { return owners_ * tokens_; }
+
+    Cursor first() const { return with_row({first_sequence_, first_head_, 0, 0, {}}); }
+
+    // Steps @p cursor to the next row; only call it when there is one.
+    void advance(Cursor& cursor) const {
+        if (tokens_inner_) {
+            if (++cursor.token < tokens_) {
+                // Same head, next token: one stride on, no address arithmetic.
+                cursor.row.in.data += cursor.row.in_step;
+                cursor.row.out.data += cursor.row.out_step;
+                return;
+            }
+            cursor.token = 0;
+            next_owner(cursor);
+        } else {
+            next_owner(cursor);
+            if (cursor.owner == owners_) cursor = {first_sequence_, first_head_, 0, cursor.token + 1, {}};
+        }
+        cursor = with_row(cursor);
+    }
+
+private:
+    void next_owner(Cursor& cursor) const {
+        ++cursor.owner;
+        if (++cursor.head == heads_) cursor.head = 0, ++cursor.sequence;
+    }
+
+    // Fills in the addresses of the cursor's row.
+    Cursor with_row(Cursor cursor) const {
+        const int64_t q_heads = plan_.q.in_geometry.heads;
+        const bool is_q = cursor.head < q_heads;
+        const Operand& operand = is_q ? plan_.q : plan_.k;
+        const int64_t head = is_q ? cursor.head : cursor.head - q_heads;
+        const int64_t s = first_token_ + cursor.token;
+        const Geometry& in = operand.in_geometry;
+        const Geometry& out = operand.out_geometry;
+        const bool unit_stride = in.stride_dim == 1 && out.stride_dim == 1;
+        cursor.row = {{static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0), in.stride_dim},
+                      {static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0), out.stride_dim},
+                      in.stride_seq,
+                      out.stride_seq,
+                      unit_stride ? plan_.head_dim * int64_t(sizeof(Storage)) : 0,
+                      kernels_[is_q ? 0 : 1]};
+        return cursor;
+    }
+
+    const Plan& plan_;
+    const RowKernel<Storage> (&kernels_)[2];  // For q's rows and for k's.
+    int64_t heads_;                // q heads + k heads: owners per sequence.
+    bool tokens_inner_;            // Walk an owner's tokens before the next owner.
+    int64_t first_sequence_ = 0;   // Sequence of the unit's first owner.
+    int64_t first_head_ = 0;       // Its head.
+    int64_t owners_ = 0;           // Owners in the unit.
+    int64_t first_token_ = 0;      // First token of the block.
+    int64_t tokens_ = 0;           // Tokens in the block.
 };
 
 // ---------------------------------------------------------------------------
@@ -342,92 +412,63 @@ private:
         const WorkSplit split = split_work(plan, thread_count());
         // No more threads than units: a tiny call should not wake idle threads.
         const int team = int(std::min(thread_count(), split.units()));
-        const size_t table_size = size_t(split.tokens_per_block * plan.pairs);
         // Grow the per-thread tables here, outside the parallel region, and only
         // when a call needs more than any before it.
-        if (scratch_.size() < size_t(team)) scratch_.resize(size_t(team));
-        for (ThreadScratch& scratch : scratch_) {
-            if (scratch.cos.size() < table_size) {
-                scratch.cos.resize(table_size);
-                scratch.sin.resize(table_size);
-            }
+        const size_t table_size = size_t(split.tokens_per_block * plan.pairs);
+        if (tables_.size() < size_t(team)) tables_.resize(size_t(team));
+        for (TrigTable& table : tables_) {
+            if (table.cos.size() < table_size) table.cos.resize(table_size), table.sin.resize(table_size);
         }
 
-        const RowKernel<Storage> q_kernel = pick_row_kernel<Storage>(plan.style, plan.q);
-        const RowKernel<Storage> k_kernel = pick_row_kernel<Storage>(plan.style, plan.k);
-        const int64_t q_heads = plan.q.in_geometry.heads;
-        const int64_t heads = q_heads + plan.k.in_geometry.heads;
+        const RowKernel<Storage> kernels[2] = {pick_row_kernel<Storage>(plan.style, plan.q),
+                                               pick_row_kernel<Storage>(plan.style, plan.k)};
         const RowShape shape{plan.pairs, plan.rotary_dim, plan.head_dim};
         const bool tokens_inner = plan.q.in_geometry.stride_seq < plan.q.in_geometry.stride_head;
 
-        // The row of @p cursor for a block starting at token first_token.
-        auto locate = [&](const RowCursor& cursor, int64_t first_token) {
-            const bool is_q = cursor.head < q_heads;
-            const Operand& operand = is_q ? plan.q : plan.k;
-            const int64_t head = is_q ? cursor.head : cursor.head - q_heads;
-            const int64_t s = first_token + cursor.token;
-            const Geometry& in = operand.in_geometry;
-            const Geometry& out = operand.out_geometry;
-            const bool unit_stride = in.stride_dim == 1 && out.stride_dim == 1;
-            return RowRef<Storage>{{static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0), in.stride_dim},
-                                   {static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0), out.stride_dim},
-                                   is_q ? q_kernel : k_kernel,
-                                   unit_stride ? plan.head_dim * int64_t(sizeof(Storage)) : 0};
-        };
-
 #pragma omp parallel num_threads(team)
         {
-            ThreadScratch& scratch = scratch_[size_t(omp_get_thread_num())];
-            int64_t table_block = -1;  // Which (position row, block) the table holds now.
+            TrigTable& table = tables_[size_t(omp_get_thread_num())];
+            int64_t table_block = -1;  // Which token block the table holds now.
 
             // Static schedule: each thread gets one contiguous range of units, so
             // consecutive units mostly share a token block and reuse its table.
 #pragma omp for schedule(static)
-            for (int64_t unit_index = 0; unit_index < split.units(); ++unit_index) {
-                const int64_t block = unit_index / split.owner_chunks;  // Index over (position row, block).
-                const int64_t chunk = unit_index % split.owner_chunks;
-                const int64_t position_row = block / split.blocks_per_row;
-                const int64_t first_token = (block % split.blocks_per_row) * split.tokens_per_block;
-                // Owners [owner_begin, owner_end) in (sequence, head) order. Shared
-                // positions: position_row is 0 and the owners span the batch.
-                // Per-sequence ids: the owners are one sequence's heads.
-                const int64_t owner_begin = chunk * split.owners / split.owner_chunks;
-                const int64_t owner_end = (chunk + 1) * split.owners / split.owner_chunks;
-                const UnitRows unit{heads,
-                                    position_row + owner_begin / heads,
-                                    owner_begin % heads,
-                                    owner_end - owner_begin,
-                                    std::min(split.tokens_per_block, plan.seq - first_token),
-                                    tokens_inner};
+            for (int64_t unit = 0; unit < split.units(); ++unit) {
+                const RowWalk<Storage> walk(plan, kernels, tokens_inner, split, unit);
+                const int64_t rows = walk.size();
 
                 // Two cursors walk the same rows: `lead` runs kPrefetchRows ahead
                 // and prefetches, `row` follows and rotates. The first rows are
                 // requested before cos/sin are computed, so they arrive meanwhile.
-                const int64_t rows = unit.size();
-                const int64_t ahead = std::min(rows, kPrefetchRows);
-                RowCursor lead = first_row(unit);
-                for (int64_t i = 0; i < ahead; ++i, advance(unit, lead)) locate(lead, first_token).prefetch();
-                if (block != table_block) {
-                    fill_trig_table(plan, position_row, first_token, unit.tokens, scratch.cos.data(), scratch.sin.data());
-                    table_block = block;
-                }
-                RowCursor row = first_row(unit);
-                for (int64_t i = 0; i < rows; ++i, advance(unit, row)) {
-                    if (i + ahead < rows) {
-                        locate(lead, first_token).prefetch();
-                        advance(unit, lead);
+                auto lead = walk.first();
+                int64_t requested = 0;  // Rows the lead has asked for.
+                auto request_up_to = [&](int64_t count) {
+                    for (; requested < std::min(count, rows); ++requested) {
+                        lead.row.prefetch();
+                        if (requested + 1 < rows) walk.advance(lead);
                     }
-                    const RowRef<Storage> ref = locate(row, first_token);
-                    const int64_t table_offset = row.token * plan.pairs;
-                    ref.kernel(ref.in, ref.out, scratch.cos.data() + table_offset, scratch.sin.data() + table_offset,
-                               shape);
+                };
+                request_up_to(kPrefetchRows);
+
+                const TokenBlock block = split.block_of(unit);
+                if (block.index != table_block) {
+                    fill_trig_table(plan, block, table.cos.data(), table.sin.data());
+                    table_block = block.index;
+                }
+
+                auto row = walk.first();
+                for (int64_t i = 0; i < rows; ++i) {
+                    request_up_to(i + 1 + kPrefetchRows);
+                    const int64_t entry = row.token * plan.pairs;
+                    row.row.kernel(row.row.in, row.row.out, table.cos.data() + entry, table.sin.data() + entry, shape);
+                    if (i + 1 < rows) walk.advance(row);
                 }
             }
         }
     }
 
-    int requested_threads_;               // BackendOptions::threads (0: OpenMP default).
-    std::vector<ThreadScratch> scratch_;  // One cos/sin table per thread, reused across calls.
+    int requested_threads_;            // BackendOptions::threads (0: OpenMP default).
+    std::vector<TrigTable> tables_;  // One cos/sin table per thread, reused across calls.
 };
 
 }  // namespace
