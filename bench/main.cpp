@@ -14,9 +14,11 @@
 //   (the host LLC, or the GPU's L2): every call reads from memory, not cache.
 // - The timed work is Backend::run on a Plan built beforehand: validation by
 //   rope::make_plan happens once per set, outside the clock.
-// - CPU: each call is timed alone with std::chrono::steady_clock. GPU: CUDA
-//   events around back-to-back calls on the default stream. Reported: the
-//   median over repetitions, after a warm-up call on every set.
+// - CPU: each call is timed alone with std::chrono::steady_clock, and calls
+//   alternate with copies, so the ceiling is measured under the same machine
+//   conditions as the backend. GPU: CUDA events around back-to-back calls on
+//   the default stream. Reported: medians over repetitions, after a warm-up
+//   call on every set.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -260,23 +262,11 @@ int auto_reps(const Options& options, double call_us) {
     return std::clamp(int(1e6 / std::max(call_us, 1e-3)), 15, 2000);
 }
 
-// Median microseconds of host work(call), one call per timing, after a warm-up call on every set.
-double host_median_us(const std::function<void(int64_t)>& work, int64_t sets, const Options& options, int& reps) {
-    using Clock = std::chrono::steady_clock;
-    std::vector<double> warmup_us;
-    for (int64_t call = 0; call < sets; ++call) {
-        const auto start = Clock::now();
-        work(call);
-        warmup_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
-    }
-    reps = auto_reps(options, median(warmup_us));
-    std::vector<double> us;
-    for (int rep = 0; rep < reps; ++rep) {
-        const auto start = Clock::now();
-        work(sets + rep);
-        us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
-    }
-    return median(us);
+// Microseconds that host work(call) takes.
+double host_us(const std::function<void(int64_t)>& work, int64_t call) {
+    const auto start = std::chrono::steady_clock::now();
+    work(call);
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
 }
 
 // ---------------------------------------------------------------------------
@@ -329,66 +319,89 @@ public:
     /// Bytes one call moves: every element of q and k read once and written once.
     double bytes() const { return 2.0 * double(set_bytes_); }
 
-    /// Median microseconds of one backend->run(), rotating through the sets; sets @p calls.
-    double time_backend(rope::Backend& backend, int& calls) {
-        auto run = [&](int64_t call) { backend.run(plans_[size_t(call % sets_)]); };
-        if (device_ == rope::Device::host) return host_median_us(run, sets_, options_, calls);
-#if ROPE_BENCH_CUDA
-        calls = options_.reps > 0 ? options_.reps : 50;
-        // Enough back-to-back calls per pair of events that one repetition lasts ~200 us.
-        return rope_bench::cuda_median_us(run, calls, rope_bench::cuda_calls_per_rep(run, 200.0), sets_);
-#else
-        return 0.0;
-#endif
-    }
+    /// Median microseconds of one call and of one copy of the same bytes (the ceiling).
+    struct Timing {
+        double call_us = 0;
+        double copy_us = 0;
+        int calls = 0;  // Timed calls (and as many timed copies).
+    };
 
-    /// Median microseconds of copying one set's bytes (the ceiling), measured once per thread count.
-    double copy_us(int threads) {
-        if (device_ != rope::Device::host) threads = 0;
-        const auto cached = copy_us_.find(threads);
-        if (cached != copy_us_.end()) return cached->second;
+    /// Times backend.run() on the rotating sets, and the copy ceiling with @p threads threads.
+    Timing time(rope::Backend& backend, int threads) {
         if (copy_destination_.bytes() == 0) {
             copy_destination_ = rope::Buffer(device_, inputs_.memory.bytes());
             if (device_ == rope::Device::host)
                 std::memset(copy_destination_.data(), 0, copy_destination_.bytes());  // Fault pages in now.
         }
-        auto destination = [&](int64_t set) { return static_cast<char*>(copy_destination_.data()) + size_t(set) * set_bytes_; };
-        double us = 0.0;
-        if (device_ == rope::Device::host) {
-            // Each thread memcpy's its share of one set: the host ceiling for this many threads.
-            auto copy = [&](int64_t call) {
-                const int64_t set = call % sets_;
-                char* to = destination(set);
-                const char* from = inputs_.set(set);
-#if ROPE_BENCH_OPENMP
-#pragma omp parallel num_threads(threads)
-                {
-                    const size_t share = set_bytes_ / size_t(omp_get_num_threads());
-                    const size_t begin = share * size_t(omp_get_thread_num());
-                    const bool last = omp_get_thread_num() + 1 == omp_get_num_threads();
-                    std::memcpy(to + begin, from + begin, (last ? set_bytes_ : begin + share) - begin);
-                }
-#else
-                std::memcpy(to, from, set_bytes_);
-#endif
-            };
-            int calls = 0;
-            us = host_median_us(copy, sets_, options_, calls);
-        } else {
-#if ROPE_BENCH_CUDA
-            auto copy = [&](int64_t call) {
-                const int64_t set = call % sets_;
-                rope_bench::cuda_copy_async(destination(set), inputs_.set(set), set_bytes_);
-            };
-            us = rope_bench::cuda_median_us(copy, options_.reps > 0 ? options_.reps : 50,
-                                            rope_bench::cuda_calls_per_rep(copy, 200.0), sets_);
-#endif
-        }
-        copy_us_[threads] = us;
-        return us;
+        auto run = [&](int64_t call) { backend.run(plans_[size_t(call % sets_)]); };
+        return device_ == rope::Device::host ? time_host(run, threads) : time_cuda(run);
     }
 
 private:
+    char* copy_destination(int64_t set) const {
+        return static_cast<char*>(copy_destination_.data()) + size_t(set) * set_bytes_;
+    }
+
+    // Host: calls and copies alternate, one of each per repetition, so both
+    // see the same machine. (On a shared or virtual machine the memory
+    // bandwidth drifts over seconds; a ceiling measured at another moment
+    // would turn that drift into a wrong percentage.)
+    Timing time_host(const std::function<void(int64_t)>& run, int threads) {
+        // The copy reads the set furthest from the ones the backend just used
+        // and uses next, so it neither warms nor finds warm the backend's data.
+        auto copy = [&](int64_t call) {
+            const int64_t set = (call + sets_ / 2) % sets_;
+            char* to = copy_destination(set);
+            const char* from = inputs_.set(set);
+#if ROPE_BENCH_OPENMP
+            // Each thread memcpy's its share: the ceiling for this many threads.
+#pragma omp parallel num_threads(threads)
+            {
+                const size_t share = set_bytes_ / size_t(omp_get_num_threads());
+                const size_t begin = share * size_t(omp_get_thread_num());
+                const bool last = omp_get_thread_num() + 1 == omp_get_num_threads();
+                std::memcpy(to + begin, from + begin, (last ? set_bytes_ : begin + share) - begin);
+            }
+#else
+            (void)threads;
+            std::memcpy(to, from, set_bytes_);
+#endif
+        };
+        // Warm-up: every set once (first touch, thread start-up, caches of code).
+        std::vector<double> warmup_us;
+        for (int64_t call = 0; call < sets_; ++call) warmup_us.push_back(host_us(run, call) + host_us(copy, call));
+        Timing timing;
+        timing.calls = auto_reps(options_, median(warmup_us));
+        std::vector<double> call_us, copy_us;
+        for (int64_t call = sets_; call < sets_ + timing.calls; ++call) {
+            call_us.push_back(host_us(run, call));
+            copy_us.push_back(host_us(copy, call));
+        }
+        timing.call_us = median(call_us);
+        timing.copy_us = median(copy_us);
+        return timing;
+    }
+
+    // GPU: CUDA events around back-to-back calls (see cuda_timing.hpp). The
+    // copy ceiling is measured once per workload: a GPU is not shared here.
+    Timing time_cuda([[maybe_unused]] const std::function<void(int64_t)>& run) {
+        Timing timing;
+#if ROPE_BENCH_CUDA
+        timing.calls = options_.reps > 0 ? options_.reps : 50;
+        // Enough back-to-back calls per pair of events that one repetition lasts ~200 us.
+        timing.call_us = rope_bench::cuda_median_us(run, timing.calls, rope_bench::cuda_calls_per_rep(run, 200.0), sets_);
+        if (cuda_copy_us_ <= 0) {
+            auto copy = [&](int64_t call) {
+                const int64_t set = call % sets_;
+                rope_bench::cuda_copy_async(copy_destination(set), inputs_.set(set), set_bytes_);
+            };
+            cuda_copy_us_ = rope_bench::cuda_median_us(copy, timing.calls, rope_bench::cuda_calls_per_rep(copy, 200.0), sets_);
+        }
+        timing.copy_us = cuda_copy_us_;
+#endif
+        return timing;
+    }
+
     const Options& options_;
     rope::Device device_;
     size_t set_bytes_ = 0;  // q and k of one set.
@@ -397,7 +410,7 @@ private:
     Arena outputs_;  // Only for --placement out.
     rope::Buffer copy_destination_;
     std::vector<rope::Plan> plans_;  // One per set, built (validated) before any timing.
-    std::map<int, double> copy_us_;  // Copy ceiling by thread count.
+    double cuda_copy_us_ = 0;        // GPU copy ceiling, once measured.
 };
 
 struct Result {
@@ -415,10 +428,12 @@ void measure(Workload& workload, const rope::BackendInfo& info, int threads, Res
     rope::BackendOptions backend_options;
     backend_options.threads = threads;
     const std::unique_ptr<rope::Backend> backend = rope::make_backend(info.name, backend_options);
+    const Workload::Timing timing = workload.time(*backend, threads);
     result.sets = workload.sets();
-    result.median_us = workload.time_backend(*backend, result.calls);
-    result.gbps = workload.bytes() / (result.median_us * 1e3);
-    result.copy_gbps = workload.bytes() / (workload.copy_us(threads) * 1e3);
+    result.calls = timing.calls;
+    result.median_us = timing.call_us;
+    result.gbps = workload.bytes() / (timing.call_us * 1e3);
+    result.copy_gbps = workload.bytes() / (timing.copy_us * 1e3);
 }
 
 // ---------------------------------------------------------------------------

@@ -223,6 +223,10 @@ constexpr int64_t kUnitsPerThread = 8;
 constexpr int64_t kCacheLine = 64;
 // Rows requested ahead of the one being rotated (4 KiB at head_dim 128, fp32).
 constexpr int64_t kPrefetchRows = 8;
+// Bytes (read + written) each thread should have at least: waking a thread and
+// joining it costs microseconds (5 to 10 on the 2-core VM this was tuned on),
+// in which one core moves about this much. Below it, fewer threads are faster.
+constexpr int64_t kMinBytesPerThread = 256 * 1024;
 
 // How a call is cut into independent units of work.
 //
@@ -410,8 +414,10 @@ private:
     template <typename Storage>
     void run_typed(const Plan& plan) {
         const WorkSplit split = split_work(plan, thread_count());
-        // No more threads than units: a tiny call should not wake idle threads.
-        const int team = int(std::min(thread_count(), split.units()));
+        // No more threads than units, and none that would get too little to do:
+        // a decode step of a small model is over before a second thread wakes up.
+        const int64_t bytes = (plan.q.in_geometry.numel() + plan.k.in_geometry.numel()) * 2 * int64_t(sizeof(Storage));
+        const int team = int(std::clamp<int64_t>(bytes / kMinBytesPerThread, 1, std::min(thread_count(), split.units())));
         // Grow the per-thread tables here, outside the parallel region, and only
         // when a call needs more than any before it.
         const size_t table_size = size_t(split.tokens_per_block * plan.pairs);
