@@ -59,24 +59,26 @@ struct Row {
     int64_t stride;  // stride_dim, in elements.
 };
 
+// x and y of interleaved pairs: every other float, starting at 0 or 1.
+using EvenOdd = Eigen::Map<const Lanes, Eigen::Unaligned, Eigen::InnerStride<2>>;
+using EvenOddOut = Eigen::Map<Lanes, Eigen::Unaligned, Eigen::InnerStride<2>>;
+
 // Loads pairs [first, first + kLanes) of a row into registers.
 //
-// The fast case is float32 with unit stride: the halves are plain memory, so
+// The fast case is float32 with unit stride: the pairs are plain memory, so
 // Eigen::Map reads them in place as SIMD loads. Half-split pairs sit in two
 // contiguous runs (x = features [i, i+8), y = [p+i, p+i+8)); interleaved pairs
-// alternate, so x and y are the same memory seen with an inner stride of 2.
-// Any other row (a strided view, or fp16/bf16 that must be widened first) is
-// gathered element by element through the shared pairing rule.
+// alternate, so x and y are one run of 16 features seen with an inner stride
+// of 2. Any other row (a strided view, or fp16/bf16 to widen) is gathered
+// element by element through the shared pairing rule.
 template <typename Storage, Style kStyle, bool kUnitStride>
 PairBlock load_pairs(Row<const Storage> row, int64_t rotary_dim, int64_t first) {
     const int64_t half = rotary_dim / 2;
-    if constexpr (std::is_same_v<Storage, float> && kUnitStride) {
-        if constexpr (kStyle == Style::half_split) {
+    if constexpr (kUnitStride && std::is_same_v<Storage, float>) {
+        if constexpr (kStyle == Style::half_split)
             return {Eigen::Map<const Lanes>(row.data + first), Eigen::Map<const Lanes>(row.data + half + first)};
-        } else {
-            using Pairs = Eigen::Map<const Lanes, Eigen::Unaligned, Eigen::InnerStride<2>>;
-            return {Pairs(row.data + 2 * first), Pairs(row.data + 2 * first + 1)};
-        }
+        else
+            return {EvenOdd(row.data + 2 * first), EvenOdd(row.data + 2 * first + 1)};
     } else {
         PairBlock block;
         for (int64_t lane = 0; lane < kLanes; ++lane) {
@@ -92,14 +94,13 @@ PairBlock load_pairs(Row<const Storage> row, int64_t rotary_dim, int64_t first) 
 template <typename Storage, Style kStyle, bool kUnitStride>
 void store_pairs(Row<Storage> row, int64_t rotary_dim, int64_t first, const PairBlock& block) {
     const int64_t half = rotary_dim / 2;
-    if constexpr (std::is_same_v<Storage, float> && kUnitStride) {
+    if constexpr (kUnitStride && std::is_same_v<Storage, float>) {
         if constexpr (kStyle == Style::half_split) {
             Eigen::Map<Lanes>(row.data + first) = block.x;
             Eigen::Map<Lanes>(row.data + half + first) = block.y;
         } else {
-            using Pairs = Eigen::Map<Lanes, Eigen::Unaligned, Eigen::InnerStride<2>>;
-            Pairs(row.data + 2 * first) = block.x;
-            Pairs(row.data + 2 * first + 1) = block.y;
+            EvenOddOut(row.data + 2 * first) = block.x;
+            EvenOddOut(row.data + 2 * first + 1) = block.y;
         }
     } else {
         for (int64_t lane = 0; lane < kLanes; ++lane) {
@@ -117,6 +118,28 @@ struct RowShape {
     int64_t head_dim;    // Features per row; those past rotary_dim pass through.
 };
 
+template <typename Storage, Style kStyle, bool kUnitStride>
+void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin, RowShape shape);
+
+// Longest rotary part a contiguous fp16/bf16 row may have to be widened on the stack.
+constexpr int64_t kMaxWidenedDim = 1024;
+
+// Contiguous fp16/bf16 rows: widen the rotary features into a float32 row,
+// rotate that with the float32 kernel, and round it back. Converting a whole
+// run in one plain loop lets the compiler vectorise it (for bf16 the
+// conversions are shifts and masks), where converting pair by pair would not.
+template <typename Storage, Style kStyle>
+void rotate_widened(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin, RowShape shape) {
+    float row[kMaxWidenedDim];
+    const int64_t rotary_dim = shape.rotary_dim;
+    for (int64_t d = 0; d < rotary_dim; ++d) row[d] = to_float(in.data[d]);
+    rotate_row<float, kStyle, true>({row, 1}, {row, 1}, cos, sin, {shape.pairs, rotary_dim, rotary_dim});
+    for (int64_t d = 0; d < rotary_dim; ++d) out.data[d] = from_float<Storage>(row[d]);
+    // Partial rotary: features past rotary_dim are copied through as stored.
+    if (out.data == in.data) return;
+    for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d] = in.data[d];
+}
+
 // Rotates one head row by the angles whose (scaled, signed) cos and sin are given per pair.
 //
 // In place is safe because a block is loaded completely (both x and y) into
@@ -125,6 +148,9 @@ struct RowShape {
 // reload it after every store, in case the row's memory aliased it.
 template <typename Storage, Style kStyle, bool kUnitStride>
 void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin, RowShape shape) {
+    if constexpr (!std::is_same_v<Storage, float> && kUnitStride) {
+        if (shape.rotary_dim <= kMaxWidenedDim) return rotate_widened<Storage, kStyle>(in, out, cos, sin, shape);
+    }
     const int64_t pairs = shape.pairs, rotary_dim = shape.rotary_dim;
     int64_t i = 0;
     for (; i + kLanes <= pairs; i += kLanes) {
