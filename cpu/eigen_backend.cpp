@@ -71,8 +71,11 @@ using EvenOddOut = Eigen::Map<Lanes, Eigen::Unaligned, Eigen::InnerStride<2>>;
 // alternate, so x and y are one run of 16 features seen with an inner stride
 // of 2. Any other row (a strided view, or fp16/bf16 to widen) is gathered
 // element by element through the shared pairing rule.
+//
+// Forced inline (as is store_pairs): called out of line, the block would pass
+// through memory instead of staying in registers, at twice the cost per row.
 template <typename Storage, Style kStyle, bool kUnitStride>
-PairBlock load_pairs(Row<const Storage> row, int64_t rotary_dim, int64_t first) {
+EIGEN_ALWAYS_INLINE PairBlock load_pairs(Row<const Storage> row, int64_t rotary_dim, int64_t first) {
     const int64_t half = rotary_dim / 2;
     if constexpr (kUnitStride && std::is_same_v<Storage, float>) {
         if constexpr (kStyle == Style::half_split)
@@ -92,7 +95,7 @@ PairBlock load_pairs(Row<const Storage> row, int64_t rotary_dim, int64_t first) 
 
 // Stores a rotated block: the mirror image of load_pairs, rounding to Storage.
 template <typename Storage, Style kStyle, bool kUnitStride>
-void store_pairs(Row<Storage> row, int64_t rotary_dim, int64_t first, const PairBlock& block) {
+EIGEN_ALWAYS_INLINE void store_pairs(Row<Storage> row, int64_t rotary_dim, int64_t first, const PairBlock& block) {
     const int64_t half = rotary_dim / 2;
     if constexpr (kUnitStride && std::is_same_v<Storage, float>) {
         if constexpr (kStyle == Style::half_split) {
