@@ -429,6 +429,9 @@ private:
 // 4. The backend
 // ---------------------------------------------------------------------------
 
+// The backend keeps its cos/sin table between calls (to avoid allocating on
+// every call), so one object runs one call at a time; threads that call
+// concurrently each need their own backend.
 class EigenCpuBackend final : public Backend {
 public:
     explicit EigenCpuBackend(const BackendOptions& options) : requested_threads_(options.threads) {}
