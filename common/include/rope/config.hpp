@@ -146,10 +146,12 @@ struct RopeConfig {
     /// Opt-in precise angles. By default (false) every backend forms the angle
     /// as HuggingFace does, float32(position) * float32(theta_i), whose rounding
     /// error grows with the position (about 0.06 radians at position 1e6).
-    /// When true, every backend forms position * theta_i in double from a
+    /// When true, the angle is formed as position * theta_i in double from a
     /// double theta_i, reduces it to [-pi, pi] in double, and only then rounds
     /// to float32 for sin and cos: the error stays at the level of short
-    /// positions at any position. See rope::rope_angle_precise.
+    /// positions at any position. See rope::rope_angle_precise. Implemented
+    /// by cpu-naive and cpu-eigen; the CUDA backends do not implement it yet
+    /// and rope::apply() refuses it there (Backend::supports_precise_angles).
     bool precise_angles = false;
 
     /// @brief rotary_dim with the "0 means head_dim" default resolved.
