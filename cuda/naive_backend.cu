@@ -68,7 +68,7 @@ __global__ void rope_naive_kernel(const __grid_constant__ NaiveArgs args) {
         auto* out = static_cast<Storage*>(operand.out);
         if (j < args.pairs) {
             float cos_angle, sin_angle;
-            cuda_detail::rotation_factors(args.freq, args.positions.at(b, s), args.freq.inv_freq[j], cos_angle, sin_angle);
+            cuda_detail::rotation_factors(args.freq, args.positions.at(b, s), j, cos_angle, sin_angle);
             const PairIndex pair = pair_elements(args.style, args.rotary_dim, j);
             // Read both features before writing either: the call may be in place.
             float x = to_float(in[g.offset(b, h, s, pair.first)]);
@@ -88,9 +88,6 @@ class NaiveCudaBackend final : public Backend {
 public:
     std::string name() const override { return "cuda-naive"; }
     Device device() const override { return Device::cuda; }
-    // The kernels form the default float32 angle only (the double theta table is not passed yet).
-    bool supports_precise_angles() const override { return false; }
-
     void run(const Plan& plan) override {
         cuda_detail::check_rotary_dim(plan);
         NaiveArgs args{};

@@ -58,9 +58,6 @@ class OptimizedCudaBackend final : public Backend {
 public:
     std::string name() const override { return "cuda-optimized"; }
     Device device() const override { return Device::cuda; }
-    // The kernels form the default float32 angle only (the double theta table is not passed yet).
-    bool supports_precise_angles() const override { return false; }
-
     void run(const Plan& plan) override {
         check_rotary_dim(plan);
         if (plan.empty()) return;

@@ -192,7 +192,7 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const To
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
 #pragma unroll
     for (int p = 0; p < Path::kPairs; ++p)
-        rotation_factors(args.freq, position, args.freq.inv_freq[Path::pair_of(chunk, p, args.rotary_dim)], cos_angle[p],
+        rotation_factors(args.freq, position, Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p],
                          sin_angle[p]);
 
     for (int64_t first = row_begin;; first += RowsInFlight) {

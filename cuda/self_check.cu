@@ -177,6 +177,7 @@ struct Case {
     bool in_place;
     float attention_factor;
     double base;
+    bool precise;      // RopeConfig::precise_angles.
     Memory memory[4];  // q, k, q_out, k_out
 };
 
@@ -184,11 +185,12 @@ std::string describe(const Case& c) {
     char text[512];
     std::snprintf(text, sizeof text,
                   "%s %s %s [b=%" PRId64 " hq=%" PRId64 " hk=%" PRId64 " s=%" PRId64 " d=%" PRId64 " r=%" PRId64
-                  "] pos=%d off=%" PRId64 " %s %s attn=%g base=%g mem=%s/%s/%s/%s",
+                  "] pos=%d off=%" PRId64 " %s %s attn=%g base=%g%s mem=%s/%s/%s/%s",
                   std::string(style_name(c.style)).c_str(), std::string(dtype_name(c.dtype)).c_str(),
                   std::string(layout_name(c.layout)).c_str(), c.batch, c.q_heads, c.k_heads, c.seq, c.head_dim,
                   c.rotary_dim, int(c.positions), c.offset, c.direction == Direction::forward ? "fwd" : "inv",
-                  c.in_place ? "in-place" : "out-of-place", c.attention_factor, c.base, memory_name(c.memory[0]),
+                  c.in_place ? "in-place" : "out-of-place", c.attention_factor, c.base, c.precise ? " precise" : "",
+                  memory_name(c.memory[0]),
                   memory_name(c.memory[1]), memory_name(c.memory[2]), memory_name(c.memory[3]));
     return text;
 }
@@ -218,6 +220,7 @@ Case random_case(std::mt19937_64& rng) {
     c.in_place = rng() % 2;
     c.attention_factor = pick(1.0f, 1.0f, 0.75f, 1.3f);
     c.base = pick(10000.0, 500000.0, 100.0);
+    c.precise = rng() % 4 == 0;
     for (Memory& memory : c.memory)
         memory = rng() % 2 ? Memory::dense : Memory(rng() % int(Memory::count));
     return c;
@@ -235,6 +238,7 @@ std::string run_case(const Case& c, Backend& gpu, Backend& cpu, std::mt19937_64&
     config.rotary_dim = c.rotary_dim;
     config.base = c.base;
     config.style = c.style;
+    config.precise_angles = c.precise;
 
     const auto shape = [&](int64_t heads) -> std::array<int64_t, 4> {
         return c.layout == Layout::bhsd ? std::array<int64_t, 4>{c.batch, heads, c.seq, c.head_dim}
@@ -335,8 +339,9 @@ std::string run_case(const Case& c, Backend& gpu, Backend& cpu, std::mt19937_64&
                             problem = std::string(where) + " = " + std::to_string(g) + ", cpu-naive " + std::to_string(want);
                             break;
                         }
-                        // float64 oracle on the float32 angle. The pairing is derived here
-                        // on its own (not through pair_elements) so that it checks that rule too.
+                        // float64 oracle on the backends' float32 angle (pair_angle: default or
+                        // precise). The pairing is derived here on its own (not through
+                        // pair_elements) so that it checks that rule too.
                         const int64_t half = c.rotary_dim / 2;
                         int64_t i, partner;
                         bool is_x;
@@ -349,7 +354,8 @@ std::string run_case(const Case& c, Backend& gpu, Backend& cpu, std::mt19937_64&
                             i = d / 2;
                             partner = d ^ 1;
                         }
-                        const double angle = rope_angle(position, cpu_plan.frequencies.inv_freq[size_t(i)]);
+                        const double angle = pair_angle(c.precise, position, cpu_plan.frequencies.inv_freq[size_t(i)],
+                                                        cpu_plan.frequencies.inv_freq_exact[size_t(i)]);
                         const double cos_angle = c.attention_factor * std::cos(angle);
                         const double sin_angle = sign * c.attention_factor * std::sin(angle);
                         const double self = read_value(c.dtype, input.host.data(), view_offset(input.spec, c.layout, b, h, s, d));

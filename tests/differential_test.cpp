@@ -1,8 +1,8 @@
 // Randomised differential testing: a seeded generator of random valid calls
 // (shapes including head_dim 2 and odd head counts, both layouts, padded and
 // spaced strides, both styles, partial rotary, small and very large positions,
-// grouped-query heads, every dtype, inverse, in place) run on every available
-// backend against the float64 oracle and against cpu-naive.
+// grouped-query heads, every dtype, inverse, in place, the precise-angle mode)
+// run on every available backend against the float64 oracle and against cpu-naive.
 //
 // ROPE_DIFFERENTIAL_CONFIGS sets how many calls (default 2000); a failure
 // prints the process seed (ROPE_TEST_SEED reproduces the whole run) and the
@@ -40,6 +40,7 @@ RandomCall random_call(std::mt19937_64& rng) {
     config.rotary_dim = uniform(rng, 0, 1) ? 0 : 2 * uniform(rng, 1, config.head_dim / 2);
     config.style = uniform(rng, 0, 1) ? rope::Style::half_split : rope::Style::interleaved;
     config.base = pick<double>(rng, {10000.0, 500000.0, 1000000.0, 100.0, 1.5e4 * double(uniform(rng, 1, 50))});
+    config.precise_angles = uniform(rng, 0, 4) == 0;
     const rope::DType dtype = pick(rng, {rope::DType::f32, rope::DType::f32, rope::DType::bf16, rope::DType::f16});
     const rope::Layout layout = uniform(rng, 0, 1) ? rope::Layout::bhsd : rope::Layout::bshd;
     const int64_t batch = uniform(rng, 1, 3), seq = uniform(rng, 1, 9);
@@ -70,7 +71,7 @@ RandomCall random_call(std::mt19937_64& rng) {
     text << rope::style_name(config.style) << " " << rope::layout_name(layout) << " " << rope::dtype_name(dtype)
          << " q[" << batch << "," << q_heads << "," << seq << "," << config.head_dim << "] k_heads " << k_heads
          << " rotary " << config.effective_rotary_dim() << " base " << config.base << " pad " << pad << " dim_stride "
-         << dim_stride << (r.call.in_place ? " in-place" : " out-of-place")
+         << dim_stride << (config.precise_angles ? " precise" : "") << (r.call.in_place ? " in-place" : " out-of-place")
          << (r.call.direction == rope::Direction::inverse ? " inverse" : " forward") << " positions "
          << (kind == 0 ? "offset " + std::to_string(r.call.offset) : (kind == 1 ? "shared ids" : "per-sequence ids"))
          << " (max " << r.max_position << ")";
@@ -105,9 +106,11 @@ TEST_CASE("randomised differential run: every available backend vs the oracle an
         const testing::Expected want = testing::oracle_for(r.call);
         testing::Call reference = r.call;
         testing::run(*naive, reference);
-        // Against the oracle: the float32 angle error (grows with position) plus one
-        // rounding to the storage type of outputs up to 2*sqrt(2) in magnitude.
-        const double oracle_abs = testing::fp32_max_abs(r.max_position) + 2.9 * storage_roundoff(reference.q.view.dtype);
+        // Against the oracle: the float32 angle error (grows with position; the
+        // precise mode removes it, so there its bound is that of position 0) plus
+        // one rounding to the storage type of outputs up to 2*sqrt(2) in magnitude.
+        const int64_t angle_position = r.call.config.precise_angles ? 0 : r.max_position;
+        const double oracle_abs = testing::fp32_max_abs(angle_position) + 2.9 * storage_roundoff(reference.q.view.dtype);
         const double agree_rel = 2 * storage_roundoff(reference.q.view.dtype);  // one storage ulp
         for (size_t b = 0; b <= backends.size(); ++b) {
             testing::Call call = r.call;

@@ -149,9 +149,9 @@ struct RopeConfig {
     /// When true, the angle is formed as position * theta_i in double from a
     /// double theta_i, reduces it to [-pi, pi] in double, and only then rounds
     /// to float32 for sin and cos: the error stays at the level of short
-    /// positions at any position. See rope::rope_angle_precise. Implemented
-    /// by cpu-naive and cpu-eigen; the CUDA backends do not implement it yet
-    /// and rope::apply() refuses it there (Backend::supports_precise_angles).
+    /// positions at any position. See rope::rope_angle_precise. Every built-in
+    /// backend implements it, with the same angle bit for bit; a backend that
+    /// does not is refused by rope::apply() (Backend::supports_precise_angles).
     bool precise_angles = false;
 
     /// @brief rotary_dim with the "0 means head_dim" default resolved.

@@ -59,7 +59,9 @@ ROPE_HOST_DEVICE inline float rope_angle_precise(int64_t position, double inv_fr
     const double two_pi = 6.283185307179586;
     const double angle = static_cast<double>(position) * inv_freq_exact;
     const double turns = rint(angle / two_pi);  // whole turns to remove
-    return static_cast<float>(angle - turns * two_pi);
+    // One fused multiply-add, written out: a compiler may fuse `angle - turns * two_pi`
+    // on one processor and not on another, and every backend must get the same bits.
+    return static_cast<float>(fma(-turns, two_pi, angle));
 }
 
 /// @brief The angle every backend uses: rope_angle by default, rope_angle_precise when @p precise.
