@@ -13,12 +13,22 @@
 //   enough sets that together they span at least twice the last-level cache
 //   (the host LLC, or the GPU's L2): every call reads from memory, not cache.
 // - The timed work is Backend::run on a Plan built beforehand: validation by
-//   rope::make_plan happens once per set, outside the clock.
+//   rope::make_plan happens once per set, outside the clock. Backend::run
+//   trusts its plan, so each backend's first call goes through rope::apply,
+//   which refuses what the backend does not implement (e.g. --precise): such a
+//   backend's row says "unsupported: <why>" instead of timing something else.
 // - CPU: each call is timed alone with std::chrono::steady_clock, and calls
 //   alternate with copies, so the ceiling is measured under the same machine
-//   conditions as the backend. GPU: CUDA events around back-to-back calls on
-//   the default stream. Reported: medians over repetitions, after a warm-up
-//   call on every set.
+//   conditions as the backend (timing = clock). GPU: CUDA events around
+//   back-to-back calls on the default stream (timing = events), or, with
+//   --graph, around replays of one CUDA graph of the calls captured on a
+//   stream of its own (timing = graph: the per-call latency without the host's
+//   launch overhead, what an application that uses graphs sees); the copy
+//   ceiling is then a graph of copies too. Reported: medians over
+//   repetitions, after a warm-up call on every set.
+// - --precise and --position-offset select the angle computation and the
+//   positions (offset, ..., offset+seq-1): sin and cos cost more for large
+//   angles, so long-context cost is measured at long positions.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -66,6 +76,11 @@ constexpr const char* kUsage = R"(usage: rope-bench [options]
   --threads T[,T...]     CPU threads, 0 = OpenMP default (default 0)
   --reps R               timed repetitions (default: about one second's worth)
   --llc-mb M             cache size the rotating sets must exceed (default: detected)
+  --precise              RopeConfig::precise_angles = true (angle in double, reduced to
+                         [-pi, pi]); a backend without it is reported "unsupported"
+  --position-offset P    positions P, ..., P+seq-1 (default 0)
+  --graph                CUDA backends: time by replaying one CUDA graph of the calls
+                         (and of the copies) instead of back-to-back launches
   --format table|csv|json
 )";
 
@@ -84,6 +99,9 @@ struct Options {
     std::vector<int> threads{0};
     int reps = 0;  // 0: chosen from the time of one call.
     double llc_mb = 0.0;  // 0: detected.
+    bool precise = false;          // RopeConfig::precise_angles.
+    int64_t position_offset = 0;   // First position.
+    bool graph = false;            // GPU: time by CUDA graph replay.
     std::string format = "table";
 };
 
@@ -119,6 +137,10 @@ Options parse_options(int argc, char** argv) {
             std::cout << kUsage;
             std::exit(0);
         }
+        if (arg == "--precise" || arg == "--graph") {  // Flags: no value follows.
+            (arg == "--precise" ? options.precise : options.graph) = true;
+            continue;
+        }
         if (i + 1 >= argc) usage_error("missing value after " + std::string(arg));
         const std::string value = argv[++i];
         if (arg == "--backend") {
@@ -146,6 +168,8 @@ Options parse_options(int argc, char** argv) {
             options.reps = int(parse_integers(value, "--reps").at(0));
         } else if (arg == "--llc-mb") {
             options.llc_mb = double(parse_integers(value, "--llc-mb").at(0));
+        } else if (arg == "--position-offset") {
+            options.position_offset = parse_integers(value, "--position-offset").at(0);
         } else if (arg == "--format") {
             if (value != "table" && value != "csv" && value != "json") usage_error("--format expects table, csv or json");
             options.format = value;
@@ -293,10 +317,14 @@ public:
                                     int64_t(1) << 16);
         inputs_ = make_arena(device, options.dtype, set_bytes_, sets_);
         if (!options.in_place) outputs_ = make_arena(device, options.dtype, set_bytes_, sets_);
+#if ROPE_BENCH_CUDA
+        // Graph capture needs a stream other than the legacy default one; the plans issue on it.
+        if (options.graph && device != rope::Device::host) stream_ = std::make_unique<rope_bench::CudaStream>();
+#endif
 
-        rope::RopeConfig config;
-        config.head_dim = shape.head_dim;
-        config.style = options.style;
+        config_.head_dim = shape.head_dim;
+        config_.style = options.style;
+        config_.precise_angles = options.precise;
         auto view = [&](char* data, int64_t heads) {
             const std::array<int64_t, 4> sizes =
                 options.layout == rope::Layout::bhsd ? std::array<int64_t, 4>{shape.batch, heads, shape.seq, shape.head_dim}
@@ -307,15 +335,31 @@ public:
         for (int64_t set = 0; set < sets_; ++set) {
             const rope::TensorView q = view(inputs_.set(set), shape.heads);
             const rope::TensorView k = view(inputs_.set(set) + q_bytes, kv_heads);
-            const rope::RopeArgs args =
-                options.in_place ? rope::RopeArgs::in_place(q, k)
+            const rope::Positions positions = rope::Positions::starting_at(options.position_offset);
+            rope::RopeArgs args =
+                options.in_place ? rope::RopeArgs::in_place(q, k, positions)
                                  : rope::RopeArgs::out_of_place(q, k, view(outputs_.set(set), shape.heads),
-                                                                view(outputs_.set(set) + q_bytes, kv_heads));
-            plans_.push_back(rope::make_plan(config, args, device));
+                                                                view(outputs_.set(set) + q_bytes, kv_heads), positions);
+            args.stream = stream();
+            if (set == 0) first_args_ = args;
+            plans_.push_back(rope::make_plan(config_, args, device));
         }
     }
 
     int64_t sets() const { return sets_; }
+
+    /// Why @p backend refuses this workload (rope::apply's message), or empty
+    /// if it accepts it. Runs the first set once through rope::apply, which
+    /// checks what Backend::run trusts the plan for, e.g. the precise mode.
+    std::string refusal(rope::Backend& backend) const {
+        try {
+            rope::apply(backend, config_, first_args_);
+        } catch (const rope::Error& error) {
+            return error.what();
+        }
+        return {};
+    }
+
     /// Bytes one call moves: every element of q and k read once and written once.
     double bytes() const { return 2.0 * double(set_bytes_); }
 
@@ -382,28 +426,53 @@ private:
         return timing;
     }
 
-    // GPU: CUDA events around back-to-back calls (see cuda_timing.hpp). The
-    // copy ceiling is measured once per workload: a GPU is not shared here.
+    // GPU: the backend and the copy ceiling timed the same way (see cuda_us).
+    // The ceiling is measured once per workload: a GPU is not shared here.
     Timing time_cuda([[maybe_unused]] const std::function<void(int64_t)>& run) {
         Timing timing;
 #if ROPE_BENCH_CUDA
         timing.calls = options_.reps > 0 ? options_.reps : 50;
-        // Enough back-to-back calls per pair of events that one repetition lasts ~200 us.
-        timing.call_us = rope_bench::cuda_median_us(run, timing.calls, rope_bench::cuda_calls_per_rep(run, 200.0), sets_);
+        timing.call_us = cuda_us(run, timing.calls);
         if (cuda_copy_us_ <= 0) {
             auto copy = [&](int64_t call) {
                 const int64_t set = call % sets_;
-                rope_bench::cuda_copy_async(copy_destination(set), inputs_.set(set), set_bytes_);
+                rope_bench::cuda_copy_async(copy_destination(set), inputs_.set(set), set_bytes_, stream());
             };
-            cuda_copy_us_ = rope_bench::cuda_median_us(copy, timing.calls, rope_bench::cuda_calls_per_rep(copy, 200.0), sets_);
+            cuda_copy_us_ = cuda_us(copy, timing.calls);
         }
         timing.copy_us = cuda_copy_us_;
 #endif
         return timing;
     }
 
+#if ROPE_BENCH_CUDA
+    // Median microseconds per call of launch (issuing on stream()), over reps repetitions.
+    double cuda_us(const rope_bench::Launch& launch, int reps) {
+        // A repetition lasts ~200 us: enough calls that event resolution and launch gaps do not dominate.
+        const int64_t calls = rope_bench::cuda_calls_per_rep(launch, 200.0, stream());
+        if (!options_.graph) return rope_bench::cuda_median_us(launch, reps, calls, sets_);
+        // A whole number of passes over the sets: a set's next visit, even in the
+        // next replay, comes after every other set, so replays find no set in L2 either.
+        const int64_t passes = (calls + sets_ - 1) / sets_;
+        return rope_bench::cuda_graph_median_us(launch, reps, passes * sets_, sets_, stream());
+    }
+#endif
+
+    // The CUDA stream the plans and copies issue on (null: the legacy default stream).
+    void* stream() const {
+#if ROPE_BENCH_CUDA
+        if (stream_) return stream_->get();
+#endif
+        return nullptr;
+    }
+
     const Options& options_;
     rope::Device device_;
+#if ROPE_BENCH_CUDA
+    std::unique_ptr<rope_bench::CudaStream> stream_;  // Only for --graph on a GPU.
+#endif
+    rope::RopeConfig config_;
+    rope::RopeArgs first_args_;  // Set 0's call, for refusal().
     size_t set_bytes_ = 0;  // q and k of one set.
     int64_t sets_ = 1;
     Arena inputs_;
@@ -418,7 +487,8 @@ struct Result {
     Shape shape;
     int64_t kv_heads = 0;
     std::string threads;  // Resolved count for CPU backends, "-" for GPU backends.
-    std::string skipped;  // Why it did not run; empty when it ran.
+    std::string timing;   // How calls were timed: "clock" (host), "events" or "graph" (GPU).
+    std::string not_run;  // Why it did not run, as the status says it ("skipped: ...", "unsupported: ..."); empty when it ran.
     int64_t sets = 0;
     int calls = 0;
     double median_us = 0, gbps = 0, copy_gbps = 0;
@@ -428,6 +498,10 @@ void measure(Workload& workload, const rope::BackendInfo& info, int threads, Res
     rope::BackendOptions backend_options;
     backend_options.threads = threads;
     const std::unique_ptr<rope::Backend> backend = rope::make_backend(info.name, backend_options);
+    if (const std::string refusal = workload.refusal(*backend); !refusal.empty()) {
+        result.not_run = "unsupported: " + refusal;
+        return;
+    }
     const Workload::Timing timing = workload.time(*backend, threads);
     result.sets = workload.sets();
     result.calls = timing.calls;
@@ -453,7 +527,9 @@ std::string format_number(double value, int decimals) {
 
 const std::vector<std::string> kColumns{"backend", "shape",  "kv_heads", "dtype",     "style",     "layout",
                                         "placement", "threads", "sets",  "calls",     "median_us", "GBps",
-                                        "copy_GBps", "pct_of_copy", "status"};
+                                        "copy_GBps", "pct_of_copy", "status",
+                                        // Added later, so appended: existing consumers keep their column positions.
+                                        "precise", "position_offset", "timing"};
 
 std::vector<Cell> cells_of(const Options& options, const Result& r) {
     const std::string shape = std::to_string(r.shape.batch) + "," + std::to_string(r.shape.heads) + "," +
@@ -466,19 +542,22 @@ std::vector<Cell> cells_of(const Options& options, const Result& r) {
                             {std::string(rope::layout_name(options.layout))},
                             {options.in_place ? "in" : "out"},
                             {r.threads, r.threads != "-"}};
-    if (!r.skipped.empty()) {
+    if (!r.not_run.empty()) {
         for (int i = 0; i < 6; ++i) cells.push_back({"", true});
-        cells.push_back({"skipped: " + r.skipped});
-        return cells;
+        cells.push_back({r.not_run});
+    } else {
+        const bool tiny = r.median_us < 100;
+        cells.push_back({std::to_string(r.sets), true});
+        cells.push_back({std::to_string(r.calls), true});
+        cells.push_back({format_number(r.median_us, tiny ? 2 : 1), true});
+        cells.push_back({format_number(r.gbps, 1), true});
+        cells.push_back({format_number(r.copy_gbps, 1), true});
+        cells.push_back({format_number(100.0 * r.gbps / r.copy_gbps, 1), true});
+        cells.push_back({"ok"});
     }
-    const bool tiny = r.median_us < 100;
-    cells.push_back({std::to_string(r.sets), true});
-    cells.push_back({std::to_string(r.calls), true});
-    cells.push_back({format_number(r.median_us, tiny ? 2 : 1), true});
-    cells.push_back({format_number(r.gbps, 1), true});
-    cells.push_back({format_number(r.copy_gbps, 1), true});
-    cells.push_back({format_number(100.0 * r.gbps / r.copy_gbps, 1), true});
-    cells.push_back({"ok"});
+    cells.push_back({options.precise ? "1" : "0", true});
+    cells.push_back({std::to_string(options.position_offset), true});
+    cells.push_back({r.timing});
     return cells;
 }
 
@@ -507,14 +586,37 @@ void print_table(const std::vector<std::vector<Cell>>& rows) {
     }
 }
 
+// RFC 4180: a field with a comma, quote or line break is quoted, its quotes doubled.
+std::string csv_field(const std::string& text) {
+    if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
+    std::string quoted = "\"";
+    for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return quoted + "\"";
+}
+
+// A JSON string literal (error messages may hold quotes or backslashes).
+std::string json_string(const std::string& text) {
+    std::string out = "\"";
+    for (char c : text) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += c;
+        } else if (static_cast<unsigned char>(c) < 0x20) {
+            char escaped[8];
+            std::snprintf(escaped, sizeof escaped, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
+            out += escaped;
+        } else {
+            out += c;
+        }
+    }
+    return out + "\"";
+}
+
 void print_csv(const std::vector<std::vector<Cell>>& rows) {
     for (size_t c = 0; c < kColumns.size(); ++c) std::cout << (c ? "," : "") << kColumns[c];
     std::cout << "\n";
     for (const auto& row : rows) {
-        for (size_t c = 0; c < row.size(); ++c) {
-            const bool quote = row[c].text.find(',') != std::string::npos;
-            std::cout << (c ? "," : "") << (quote ? "\"" + row[c].text + "\"" : row[c].text);
-        }
+        for (size_t c = 0; c < row.size(); ++c) std::cout << (c ? "," : "") << csv_field(row[c].text);
         std::cout << "\n";
     }
 }
@@ -525,7 +627,7 @@ void print_json(const std::vector<std::vector<Cell>>& rows) {
         std::cout << "  {";
         for (size_t c = 0; c < rows[r].size(); ++c) {
             const Cell& cell = rows[r][c];
-            const std::string value = cell.number ? (cell.text.empty() ? "null" : cell.text) : "\"" + cell.text + "\"";
+            const std::string value = cell.number ? (cell.text.empty() ? "null" : cell.text) : json_string(cell.text);
             std::cout << (c ? ", " : "") << "\"" << kColumns[c] << "\": " << value;
         }
         std::cout << (r + 1 < rows.size() ? "},\n" : "}\n");
@@ -538,6 +640,7 @@ void print_json(const std::vector<std::vector<Cell>>& rows) {
 int main(int argc, char** argv) {
     const Options options = parse_options(argc, argv);
     std::vector<std::vector<Cell>> rows;
+    bool graph_noted = false;
     try {
         for (const Shape& shape : options.shapes) {
             const int64_t kv_heads = options.kv_heads >= 0 ? options.kv_heads : shape.heads;
@@ -545,6 +648,8 @@ int main(int argc, char** argv) {
             for (const std::string& name : options.backends) {
                 const rope::BackendInfo info = rope::backend_info(name);
                 const bool host = info.device == rope::Device::host;
+                if (host && options.graph && !std::exchange(graph_noted, true))
+                    std::cerr << "rope-bench: note: --graph applies to CUDA backends only; CPU backends are timed as always (timing = clock)\n";
                 // GPU backends ignore threads: run them once, not once per thread count.
                 const std::vector<int> thread_counts = host ? options.threads : std::vector<int>{0};
                 for (int threads : thread_counts) {
@@ -553,11 +658,12 @@ int main(int argc, char** argv) {
                     result.shape = shape;
                     result.kv_heads = kv_heads;
                     result.threads = host ? std::to_string(resolve_threads(threads)) : "-";
-                    if (!info.available) result.skipped = info.reason;
+                    result.timing = host ? "clock" : options.graph ? "graph" : "events";
+                    if (!info.available) result.not_run = "skipped: " + info.reason;
 #if !ROPE_BENCH_CUDA
-                    if (result.skipped.empty() && !host) result.skipped = "rope-bench built without CUDA timing";
+                    if (result.not_run.empty() && !host) result.not_run = "skipped: rope-bench built without CUDA timing";
 #endif
-                    if (result.skipped.empty()) {
+                    if (result.not_run.empty()) {
                         std::unique_ptr<Workload>& workload = workloads[info.device];
                         if (!workload) workload = std::make_unique<Workload>(options, shape, kv_heads, info.device);
                         measure(*workload, info, resolve_threads(threads), result);
@@ -575,7 +681,8 @@ int main(int argc, char** argv) {
         const double cache_mb = options.llc_mb > 0 ? options.llc_mb : double(host_llc_bytes() >> 20);
         std::cout << "# " << host_cpu_model() << "; host cache to defeat " << cache_mb
                   << " MiB (sets span >= 2x); median per call after warm-up; bytes = (q + k elements) x 2 x dtype size;"
-                  << " copy = parallel memcpy (host) or cudaMemcpyAsync D2D (GPU) of the same bytes\n";
+                  << " copy = parallel memcpy (host) or cudaMemcpyAsync D2D (GPU) of the same bytes"
+                  << (options.graph ? "; GPU calls and copies replayed from one CUDA graph per measurement" : "") << "\n";
         print_table(rows);
     } else if (options.format == "csv") {
         print_csv(rows);

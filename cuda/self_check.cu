@@ -851,7 +851,8 @@ int run_tune() {
                     if constexpr (!std::is_same_v<Storage, float16>) {
                         // The "minblocks" column encodes the compiled variant: register cap
                         // (1 = none) + 10 x access (0 plain, 1 cached, 2 streaming)
-                        // + 100 for the hardware-conversion experiment + 1000 when not pipelined.
+                        // + 100 for the hardware-conversion experiment + 1000 when not pipelined
+                        // + 2000 for the generic (one pair per thread) path.
                         auto all = [&]<Style kStyle>() {
                             using Plain = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::PlainAccess>;
                             using Cached = cuda_detail::VectorPath<Storage, kStyle, cuda_detail::CachedAccess>;
@@ -864,7 +865,12 @@ int run_tune() {
                             time_compiled_variant<Storage, Plain, Plain::kRowsInFlight, 1>(plan, device, stream, small, results, 0);
                             time_compiled_variant<Storage, StreamingPipelined, 2, 1>(plan, device, stream, small, results, 20);
                             time_compiled_variant<Storage, StreamingUnpipelined, 4, 1>(plan, device, stream, small, results, 1020);
-                            if (!small) {
+                            if (small) {
+                                // + 2000: the generic path, one pair per thread: more, shorter threads
+                                // (one sincosf each) for the latency regime.
+                                using Generic = cuda_detail::GenericPath<Storage>;
+                                time_compiled_variant<Storage, Generic, Generic::kRowsInFlight, 1>(plan, device, stream, true, results, 2000);
+                            } else {
                                 time_compiled_variant<Storage, StreamingUnpipelined, 2, 1>(plan, device, stream, false, results, 1020);
                                 if constexpr (std::is_same_v<Storage, bfloat16>)
                                     time_compiled_variant<Storage, HardwareConvertPath<kStyle>, 2, 1>(plan, device, stream, false, results, 100);
