@@ -12,12 +12,23 @@
 #
 # Chapter 4's ladder needs a GPU. Without one, ladder.gp falls back to the
 # recorded H200 run tutorials/figures/data/ladder_h200.csv, and makes no figure
-# while none is recorded.
+# while none is recorded. Likewise chapter 7's every-backend figure
+# (precision_backends.gp) shows the CUDA backends only from a GPU run: this
+# run's CSV if it has CUDA rows, else the recorded tutorials/figures/data/precision_h200.csv
+# (`tutorial-07-precision --csv FILE` on the H200), else this run's CPU rows.
+# ROPE_PRECISION_CSV=FILE names another such CSV, which then wins.
 #
-# usage: tutorials/plots/make_figures.sh [BUILD_DIR]   (default: build/default, preset "default")
+# usage: [ROPE_PRECISION_CSV=FILE] tutorials/plots/make_figures.sh [BUILD_DIR]
+#        (default BUILD_DIR: build/default, preset "default")
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(realpath -m "${1:-$root/build/default}")
+if [ -n "${ROPE_PRECISION_CSV:-}" ]; then
+    # Absolute: gnuplot runs in the output folder below.
+    [ -r "$ROPE_PRECISION_CSV" ] || { echo "make_figures: cannot read ROPE_PRECISION_CSV=$ROPE_PRECISION_CSV" >&2; exit 1; }
+    ROPE_PRECISION_CSV=$(realpath "$ROPE_PRECISION_CSV")
+    export ROPE_PRECISION_CSV
+fi
 cd "$root"
 scripts/install-deps gnuplot-nox
 if [ ! -f "$build/CMakeCache.txt" ]; then
