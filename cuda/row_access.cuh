@@ -119,10 +119,11 @@ struct VectorPath {
     /// Rows per batch: 2 pipelined (four 16-byte loads in flight while the
     /// previous two rows are computed) or 4 without a pipeline.
     static constexpr int kRowsInFlight = Pipelined ? 2 : 4;
-    /// Rows a thread visits per token in the bandwidth regime (measured best on
-    /// the H200: 8 for fp32; 32 for the 2-byte types, whose per-unit sincosf of
-    /// 8 pairs needs more rows to amortise).
-    static constexpr int64_t kMaxRowsPerSlice = sizeof(Storage) == 4 ? 8 : 32;
+    /// Rows a thread visits per token in the bandwidth regime: 16, measured best
+    /// on the H200 for fp32 and bf16 on [8,32,4096,128] (rope-cuda-self-check
+    /// --tune; 8 and 32 were 0.3-3% slower): enough rows to amortise the unit's
+    /// sincosf and index arithmetic, few enough for short-lived threads.
+    static constexpr int64_t kMaxRowsPerSlice = 16;
     /// Blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
     static constexpr int kMinBlocksPerSM = 1;
 

@@ -872,6 +872,12 @@ int run_tune() {
                                 time_compiled_variant<Storage, Generic, Generic::kRowsInFlight, 1>(plan, device, stream, true, results, 2000);
                             } else {
                                 time_compiled_variant<Storage, StreamingUnpipelined, 2, 1>(plan, device, stream, false, results, 1020);
+                                // Register caps: 2 or 3 blocks of 256 threads per SM (at most 128 or 80
+                                // registers a thread) buy occupancy, i.e. bytes in flight, if nothing spills.
+                                time_compiled_variant<Storage, StreamingPipelined, 2, 2>(plan, device, stream, false, results, 20);
+                                time_compiled_variant<Storage, StreamingPipelined, 2, 3>(plan, device, stream, false, results, 20);
+                                time_compiled_variant<Storage, StreamingUnpipelined, 4, 2>(plan, device, stream, false, results, 1020);
+                                time_compiled_variant<Storage, StreamingUnpipelined, 4, 3>(plan, device, stream, false, results, 1020);
                                 if constexpr (std::is_same_v<Storage, bfloat16>)
                                     time_compiled_variant<Storage, HardwareConvertPath<kStyle>, 2, 1>(plan, device, stream, false, results, 100);
                             }
