@@ -20,13 +20,16 @@ namespace {
 /// 256 bytes of table instead of 2 KB, which trims small, latency-bound launches.
 constexpr int kSmallCapacity = 64;
 
-/// How the 16-byte path issues its accesses, per regime (row_access.cuh; chosen
-/// with rope-cuda-self-check --tune on the H200).
-/// Bandwidth regime: streaming hints (evict first) measured 0.5-1% ahead of
-/// plain accesses. Latency regime: single 128-bit instructions through the
-/// cache-operator intrinsics measured fastest for decode.
-using BandwidthAccess = StreamingAccess;
-using LatencyAccess = CachedAccess;
+/// The 16-byte path per regime (row_access.cuh; chosen with
+/// rope-cuda-self-check --tune on the H200).
+/// Bandwidth regime: streaming hints (evict first), measured 0.5-1% ahead of
+/// plain accesses, and batches of 4 rows without a software pipeline.
+/// Latency regime: single 128-bit instructions through the cache-operator
+/// intrinsics, and the pipeline (a thread has two rows, nothing else to overlap).
+template <typename Storage, Style kStyle>
+using BandwidthPath = VectorPath<Storage, kStyle, StreamingAccess, /*Pipelined=*/false>;
+template <typename Storage, Style kStyle>
+using LatencyPath = VectorPath<Storage, kStyle, CachedAccess, /*Pipelined=*/true>;
 
 /// Launches the kernel for @p plan with the given access path.
 template <typename Storage, typename Path, int Capacity>
@@ -53,9 +56,9 @@ bool decode_like(const Plan& plan, const DeviceInfo& device) {
 template <typename Storage, Style kStyle, int Capacity>
 void launch_vector(const Plan& plan, const DeviceInfo& device) {
     if (bandwidth_bound(plan, chunks_per_row<VectorPath<Storage, kStyle>>(plan), device, LaunchTuning{}))
-        launch_path<Storage, VectorPath<Storage, kStyle, BandwidthAccess>, Capacity>(plan, device);
+        launch_path<Storage, BandwidthPath<Storage, kStyle>, Capacity>(plan, device);
     else
-        launch_path<Storage, VectorPath<Storage, kStyle, LatencyAccess>, Capacity>(plan, device);
+        launch_path<Storage, LatencyPath<Storage, kStyle>, Capacity>(plan, device);
 }
 
 /// Picks the access path for @p plan: one pair per thread for decode, else

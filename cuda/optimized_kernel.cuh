@@ -25,6 +25,13 @@
 ///     blocks, several waves over all SMs, so the tail is short. Decode (one
 ///     token, many heads): the heads are split over many small blocks, so the
 ///     few kilobytes are fetched by many SMs at once and no thread idles.
+///  5. A prologue that overlaps the previous kernel (programmatic dependent
+///     launch, Hopper). A small call is a chain of dependent steps: launch,
+///     index arithmetic, sincosf, load, rotate, store. With programmatic
+///     launch the grid starts before the previous kernel in the stream has
+///     finished; everything that needs no memory (the indices, and cos/sin
+///     when positions are an offset) runs then, and only the memory traffic
+///     waits for the previous kernel (PreviousGrid).
 ///
 /// Indices are int64 throughout: q tensors beyond 2^31 elements are routine
 /// at long context, and 32-bit index overflow is a bug that shipped in
@@ -165,6 +172,22 @@ __device__ inline bool in_place(const OptimizedArgs<Capacity>& args, int64_t row
     return operand.in == operand.out;
 }
 
+/// @brief Waits, once per thread, until the previous kernel in the stream has
+/// finished and its writes are visible (programmatic dependent launch, 5. above).
+///
+/// Every global memory access of the kernel comes after a call to this; what
+/// comes before (index arithmetic, cos/sin of offset positions) overlaps the
+/// previous kernel's tail. Without programmatic launch the wait returns at once.
+struct PreviousGrid {
+    bool done = false;
+    __device__ void wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (!done) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+        done = true;
+    }
+};
+
 /// Rotates chunk @p chunk of rows [row_begin, row_end) of token (b, s).
 ///
 /// Batches of RowsInFlight rows, loaded together before any is used. With
@@ -175,7 +198,7 @@ __device__ inline bool in_place(const OptimizedArgs<Capacity>& args, int64_t row
 template <typename Storage, typename Path, int RowsInFlight, int Capacity>
 __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const TokenRows<Storage>& token,
                                    int64_t position_b, int64_t position_s, int64_t row_begin, int64_t row_end,
-                                   int64_t chunk) {
+                                   int64_t chunk, PreviousGrid& previous) {
     typename Path::Pairs current[RowsInFlight], next[RowsInFlight];
     // Row addresses are recomputed at the store (one multiply-add) rather than
     // kept: registers, not arithmetic, limit how many threads fit on an SM.
@@ -184,16 +207,27 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const To
         for (int u = 0; u < RowsInFlight; ++u)
             if (first + u < row_end) batch[u] = Path::load(locate_row(args, token, first + u), chunk, args.style, args.rotary_dim);
     };
-    load_batch(current, row_begin);
-
-    // cos/sin of this thread's pairs at this token: computed once, here, while
-    // the first loads are in flight, then reused for every row below (2. above).
-    const int64_t position = args.positions.at(position_b, position_s);
+    // cos/sin of this thread's pairs at this token, computed once and reused
+    // for every row below (2. above). Positions given as an offset need no
+    // memory: compute them before waiting for the previous kernel (5. above).
+    // Position ids live in memory, written perhaps by that very kernel: wait,
+    // issue the first loads, and compute while they are in flight.
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
+    auto compute_factors = [&] {
+        const int64_t position = args.positions.at(position_b, position_s);
 #pragma unroll
-    for (int p = 0; p < Path::kPairs; ++p)
-        rotation_factors(args.freq, position, Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p],
-                         sin_angle[p]);
+        for (int p = 0; p < Path::kPairs; ++p)
+            rotation_factors(args.freq, position, Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
+    };
+    if (args.positions.ids == nullptr) {
+        compute_factors();
+        previous.wait();
+        load_batch(current, row_begin);
+    } else {
+        previous.wait();
+        load_batch(current, row_begin);
+        compute_factors();
+    }
 
     for (int64_t first = row_begin;; first += RowsInFlight) {
         const bool more = first + RowsInFlight < row_end;
@@ -219,8 +253,9 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const To
 /// skipping rows rotated in place (their pass-through features already are where they belong).
 template <typename Storage, typename Path, int RowsInFlight, int Capacity>
 __device__ inline void copy_rows(const OptimizedArgs<Capacity>& args, const TokenRows<Storage>& token,
-                                 int64_t row_begin, int64_t row_end, int64_t pass_chunk) {
+                                 int64_t row_begin, int64_t row_end, int64_t pass_chunk, PreviousGrid& previous) {
     const int64_t feature = args.rotary_dim + pass_chunk * Path::kPassElements;
+    previous.wait();
     for (int64_t first = row_begin; first < row_end; first += RowsInFlight) {
         decltype(Path::load_pass(RowRef<Storage>{}, 0)) data[RowsInFlight];
         RowRef<Storage> rows[RowsInFlight];
@@ -251,15 +286,13 @@ template <typename Storage, typename Path, int RowsInFlight, int Capacity, int M
 __global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
     rope_optimized_kernel(const __grid_constant__ OptimizedArgs<Capacity> args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Programmatic dependent launch (Hopper): this grid may have been started
-    // while the previous kernel in the stream was still finishing, so that its
-    // launch latency hides under that kernel's tail. Let the next kernel do the
-    // same to us (all our blocks are resident by the time every block has run
-    // this), then wait until the previous grid has completed and its writes are
-    // visible: nothing before this line touches global memory.
+    // Programmatic dependent launch (Hopper, 5. above): this grid may have been
+    // started while the previous kernel in the stream was still finishing. Let
+    // the next kernel start early in turn (all our blocks are resident by the
+    // time every block has run this).
     asm volatile("griddepcontrol.launch_dependents;");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    PreviousGrid previous;  // Waited for before the first global memory access.
     const int64_t step = int64_t(gridDim.x) * blockDim.y;
     for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
         int64_t token, slice;
@@ -277,9 +310,10 @@ __global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
         const TokenRows<Storage> token_start = token_rows<Storage>(args, b, s);
         for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
             if (chunk < args.rotary_chunks)
-                rotate_rows<Storage, Path, RowsInFlight>(args, token_start, b, s, row_begin, row_end, chunk);
+                rotate_rows<Storage, Path, RowsInFlight>(args, token_start, b, s, row_begin, row_end, chunk, previous);
             else
-                copy_rows<Storage, Path, RowsInFlight>(args, token_start, row_begin, row_end, chunk - args.rotary_chunks);
+                copy_rows<Storage, Path, RowsInFlight>(args, token_start, row_begin, row_end, chunk - args.rotary_chunks,
+                                                       previous);
         }
     }
 }

@@ -103,7 +103,7 @@ __device__ inline void store16(Storage* target, const Vector16<Storage>& vector)
 ///
 /// @tparam Access how the 16-byte accesses are issued (PlainAccess, CachedAccess, StreamingAccess)
 /// @tparam Pipelined whether a thread's row batches are software-pipelined (optimized_kernel.cuh)
-template <typename Storage, Style kStyle, typename Access = PlainAccess, bool Pipelined = sizeof(Storage) == 4>
+template <typename Storage, Style kStyle, typename Access = PlainAccess, bool Pipelined = true>
 struct VectorPath {
     static constexpr int kWidth = Vector16<Storage>::kWidth;
     /// Pairs rotated per chunk.
@@ -112,20 +112,25 @@ struct VectorPath {
     static constexpr int kPassElements = kWidth;
     /// Whether row batches are software-pipelined (the next batch's loads issued
     /// before the current batch is computed). Measured on the H200 with
-    /// rope-cuda-self-check --tune: it pays for fp32, whose arithmetic is light;
-    /// the 2-byte types, whose conversions are heavy, do better loading bigger
-    /// batches without a pipeline (fewer live registers, more resident threads).
+    /// rope-cuda-self-check --tune: it pays in the latency regime, where a
+    /// thread has two rows and nothing else to overlap; in the bandwidth
+    /// regime bigger batches without a pipeline do better (fewer live
+    /// registers, so more resident threads and more bytes in flight).
     static constexpr bool kPipelined = Pipelined;
     /// Rows per batch: 2 pipelined (four 16-byte loads in flight while the
     /// previous two rows are computed) or 4 without a pipeline.
     static constexpr int kRowsInFlight = Pipelined ? 2 : 4;
-    /// Rows a thread visits per token in the bandwidth regime: 16, measured best
-    /// on the H200 for fp32 and bf16 on [8,32,4096,128] (rope-cuda-self-check
-    /// --tune; 8 and 32 were 0.3-3% slower): enough rows to amortise the unit's
-    /// sincosf and index arithmetic, few enough for short-lived threads.
-    static constexpr int64_t kMaxRowsPerSlice = 16;
-    /// Blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
-    static constexpr int kMinBlocksPerSM = 1;
+    /// Rows a thread visits per token in the bandwidth regime: 8, measured best
+    /// on the H200 for fp32 and bf16 on both target shapes with the bandwidth
+    /// path's settings (rope-cuda-self-check --tune; 16 was 0.1-2.6% slower, 4
+    /// and 32 more): enough rows to amortise the unit's sincosf and index
+    /// arithmetic, few enough for short-lived threads.
+    static constexpr int64_t kMaxRowsPerSlice = 8;
+    /// Blocks of kMaxBlockThreads the compiler must fit per SM: 2 caps a thread
+    /// at 128 registers (uncapped it took 148, and 18.75% occupancy in Nsight
+    /// Compute). Measured 1-5% faster in the bandwidth regime; a cap of 3
+    /// (80 registers) was slower.
+    static constexpr int kMinBlocksPerSM = 2;
 
     /// The raw chunk of one row.
     struct Pairs {
