@@ -23,33 +23,20 @@ constexpr int kSmallCapacity = 64;
 /// The 16-byte path per regime (row_access.cuh; chosen with
 /// rope-cuda-self-check --tune on the H200).
 /// Bandwidth regime: streaming hints (evict first), measured 0.5-1% ahead of
-/// plain accesses, and batches of 4 rows without a software pipeline.
+/// plain accesses; a software pipeline for fp32, whose arithmetic is light,
+/// and bigger batches without one for the 2-byte types, whose conversions
+/// make more live registers (a pipeline there cost 1-3%).
 /// Latency regime: single 128-bit instructions through the cache-operator
 /// intrinsics, and the pipeline (a thread has two rows, nothing else to overlap).
 template <typename Storage, Style kStyle>
-using BandwidthPath = VectorPath<Storage, kStyle, StreamingAccess, /*Pipelined=*/false>;
+using BandwidthPath = VectorPath<Storage, kStyle, StreamingAccess, /*Pipelined=*/sizeof(Storage) == 4>;
 template <typename Storage, Style kStyle>
 using LatencyPath = VectorPath<Storage, kStyle, CachedAccess, /*Pipelined=*/true>;
 
 /// Launches the kernel for @p plan with the given access path.
 template <typename Storage, typename Path, int Capacity>
-void launch_path(const Plan& plan, const DeviceInfo& device, const LaunchTuning& tuning = LaunchTuning{}) {
-    launch_optimized<Storage, Path, Path::kRowsInFlight, Capacity, Path::kMinBlocksPerSM>(plan, device, tuning);
-}
-
-/// True for decode-like calls: fewer tokens than SMs and too little work to
-/// fill the GPU even at one pair per thread.
-///
-/// Such a call is pure latency: a few kilobytes, and the time is launch, one
-/// trip to memory and back, and the longest thread. The generic path then wins
-/// (measured on the H200 with rope-cuda-self-check --tune: 1.9 us against 2.5
-/// for decode [1,32,1,128] fp32): one pair per thread means one sincosf per
-/// thread instead of four or eight in a row, and four times as many threads
-/// spread over more SMs. Reusing cos/sin across heads saves nothing here.
-template <typename Storage>
-bool decode_like(const Plan& plan, const DeviceInfo& device) {
-    return plan.batch * plan.seq < device.multiprocessors &&
-           !bandwidth_bound(plan, chunks_per_row<GenericPath<Storage>>(plan), device, LaunchTuning{});
+void launch_path(const Plan& plan, const DeviceInfo& device) {
+    launch_optimized<Storage, Path, Path::kRowsInFlight, Capacity, Path::kMinBlocksPerSM>(plan, device, LaunchTuning{});
 }
 
 /// The 16-byte path for @p plan's style, with the access flavour measured best for its regime.
@@ -61,15 +48,10 @@ void launch_vector(const Plan& plan, const DeviceInfo& device) {
         launch_path<Storage, LatencyPath<Storage, kStyle>, Capacity>(plan, device);
 }
 
-/// Picks the access path for @p plan: one pair per thread for decode, else
-/// 16-byte vectors where the views allow, else generic.
+/// Picks the access path for @p plan: 16-byte vectors where the views allow, else generic.
 template <typename Storage, int Capacity>
 void launch_for_plan(const Plan& plan, const DeviceInfo& device) {
-    if (decode_like<Storage>(plan, device)) {
-        LaunchTuning decode;
-        decode.small_block_threads = 64;  // Measured 2% faster than 128: more SMs each take a block.
-        launch_path<Storage, GenericPath<Storage>, Capacity>(plan, device, decode);
-    } else if (plan.style == Style::half_split && vector_path_fits<Storage, Style::half_split>(plan))
+    if (plan.style == Style::half_split && vector_path_fits<Storage, Style::half_split>(plan))
         launch_vector<Storage, Style::half_split, Capacity>(plan, device);
     else if (plan.style == Style::interleaved && vector_path_fits<Storage, Style::interleaved>(plan))
         launch_vector<Storage, Style::interleaved, Capacity>(plan, device);

@@ -112,25 +112,25 @@ struct VectorPath {
     static constexpr int kPassElements = kWidth;
     /// Whether row batches are software-pipelined (the next batch's loads issued
     /// before the current batch is computed). Measured on the H200 with
-    /// rope-cuda-self-check --tune: it pays in the latency regime, where a
-    /// thread has two rows and nothing else to overlap; in the bandwidth
-    /// regime bigger batches without a pipeline do better (fewer live
-    /// registers, so more resident threads and more bytes in flight).
+    /// rope-cuda-self-check --tune: it pays in the latency regime and for fp32;
+    /// the 2-byte types in the bandwidth regime do better with bigger batches
+    /// without a pipeline (fewer live registers, more resident threads).
     static constexpr bool kPipelined = Pipelined;
     /// Rows per batch: 2 pipelined (four 16-byte loads in flight while the
     /// previous two rows are computed) or 4 without a pipeline.
     static constexpr int kRowsInFlight = Pipelined ? 2 : 4;
-    /// Rows a thread visits per token in the bandwidth regime: 8, measured best
-    /// on the H200 for fp32 and bf16 on both target shapes with the bandwidth
-    /// path's settings (rope-cuda-self-check --tune; 16 was 0.1-2.6% slower, 4
-    /// and 32 more): enough rows to amortise the unit's sincosf and index
-    /// arithmetic, few enough for short-lived threads.
-    static constexpr int64_t kMaxRowsPerSlice = 8;
-    /// Blocks of kMaxBlockThreads the compiler must fit per SM: 2 caps a thread
-    /// at 128 registers (uncapped it took 148, and 18.75% occupancy in Nsight
-    /// Compute). Measured 1-5% faster in the bandwidth regime; a cap of 3
-    /// (80 registers) was slower.
-    static constexpr int kMinBlocksPerSM = 2;
+    /// Rows a thread visits per token in the bandwidth regime: 16. Averaged
+    /// over two H200 tune sweeps it is best for bf16 on [8,32,4096,128] (1.2
+    /// points ahead of 8) and within 0.2 points of the best for fp32: enough
+    /// rows to amortise the unit's sincosf and index arithmetic, few enough
+    /// for short-lived threads.
+    static constexpr int64_t kMaxRowsPerSlice = 16;
+    /// Blocks of kMaxBlockThreads the compiler must fit per SM (1: no register
+    /// cap). Nsight Compute shows 148 registers a thread for bf16 and 18.75%
+    /// occupancy, yet caps of 128 and 80 registers measured no faster over
+    /// two sweeps (80 slower): the loads in flight per thread, not the
+    /// number of threads, carry the bandwidth.
+    static constexpr int kMinBlocksPerSM = 1;
 
     /// The raw chunk of one row.
     struct Pairs {

@@ -71,6 +71,10 @@ void Buffer::copy_from_host(const void* source) {
     }
 #if ROPE_HAVE_CUDA
     check_cuda(cudaMemcpy(data_, source, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy(host to device)");
+    // From pageable memory cudaMemcpy returns once the bytes are staged, not
+    // once they have landed; a kernel on a non-blocking stream could then read
+    // the old contents (seen on the H200). Wait for the copy itself.
+    check_cuda(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize(after host to device copy)");
 #endif
 }
 
