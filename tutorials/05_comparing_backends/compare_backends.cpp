@@ -65,34 +65,6 @@ std::vector<Case> cases() {
     return list;
 }
 
-// Stores float values in the case's dtype (float32 as is, bfloat16 rounded).
-std::vector<unsigned char> to_storage(const std::vector<float>& values, rope::DType dtype) {
-    std::vector<unsigned char> bytes(values.size() * size_t(rope::dtype_size(dtype)));
-    for (size_t i = 0; i < values.size(); ++i) {
-        if (dtype == rope::DType::f32) {
-            std::memcpy(bytes.data() + 4 * i, &values[i], 4);
-        } else {
-            const rope::bfloat16 value = rope::to_bfloat16(values[i]);
-            std::memcpy(bytes.data() + 2 * i, &value.bits, 2);
-        }
-    }
-    return bytes;
-}
-
-std::vector<float> from_storage(const std::vector<unsigned char>& bytes, rope::DType dtype) {
-    std::vector<float> values(bytes.size() / size_t(rope::dtype_size(dtype)));
-    for (size_t i = 0; i < values.size(); ++i) {
-        if (dtype == rope::DType::f32) {
-            std::memcpy(&values[i], bytes.data() + 4 * i, 4);
-        } else {
-            rope::bfloat16 value;
-            std::memcpy(&value.bits, bytes.data() + 2 * i, 2);
-            values[i] = rope::to_float(value);
-        }
-    }
-    return values;
-}
-
 // Runs one case on one backend, staging through device memory for a GPU
 // backend; returns the rotated q and k, widened to float.
 std::pair<std::vector<float>, std::vector<float>> run_case(rope::Backend& backend, const Case& c,
@@ -116,7 +88,7 @@ std::pair<std::vector<float>, std::vector<float>> run_case(rope::Backend& backen
     std::vector<unsigned char> q_result(q.size()), k_result(k.size());
     (c.in_place ? q_in : q_out).copy_to_host(q_result.data());
     (c.in_place ? k_in : k_out).copy_to_host(k_result.data());
-    return {from_storage(q_result, c.dtype), from_storage(k_result, c.dtype)};
+    return {tutorial::from_storage(q_result, c.dtype), tutorial::from_storage(k_result, c.dtype)};
 }
 
 // ---------------------------------------------------------------------------
@@ -182,7 +154,8 @@ int main() {
     for (const Case& c : cases()) {
         const std::vector<float> q_values = tutorial::random_values(size_t(c.q.numel()), 51);
         const std::vector<float> k_values = tutorial::random_values(size_t(c.k.numel()), 52);
-        const auto q_bytes = to_storage(q_values, c.dtype), k_bytes = to_storage(k_values, c.dtype);
+        const auto q_bytes = tutorial::to_storage(q_values, c.dtype);
+        const auto k_bytes = tutorial::to_storage(k_values, c.dtype);
         auto naive = rope::make_backend("cpu-naive");
         const auto reference = run_case(*naive, c, q_bytes, k_bytes);
         // The formula in float64 on the values actually stored (bf16 inputs are rounded).
@@ -193,8 +166,10 @@ int main() {
         formula.layout = c.layout;
         formula.inverse = c.direction == rope::Direction::inverse;
         const double error =
-            std::max(tutorial::relative_l2(reference.first, tutorial::rope_float64(from_storage(q_bytes, c.dtype), c.q, formula)),
-                     tutorial::relative_l2(reference.second, tutorial::rope_float64(from_storage(k_bytes, c.dtype), c.k, formula)));
+            std::max(tutorial::relative_l2(reference.first,
+                                           tutorial::rope_float64(tutorial::from_storage(q_bytes, c.dtype), c.q, formula)),
+                     tutorial::relative_l2(reference.second,
+                                           tutorial::rope_float64(tutorial::from_storage(k_bytes, c.dtype), c.k, formula)));
         // bf16 keeps 8 significant bits: its outputs are rounded to about 2^-9 relative.
         const bool bf16 = c.dtype == rope::DType::bf16;
         const double error_tolerance = bf16 ? 4e-3 : 2e-5, agreement_tolerance = bf16 ? 1e-2 : 1e-5;

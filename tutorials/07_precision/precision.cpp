@@ -27,38 +27,6 @@ namespace {
 constexpr double kPi = 3.14159265358979323846;
 constexpr int64_t kHeadDim = 128;
 
-// Values as `dtype` stores them: float32 as is, float16 and bfloat16 rounded
-// to nearest even, as the library rounds its results.
-std::vector<unsigned char> store(const std::vector<float>& values, rope::DType dtype) {
-    std::vector<unsigned char> bytes(values.size() * size_t(rope::dtype_size(dtype)));
-    for (size_t i = 0; i < values.size(); ++i) {
-        if (dtype == rope::DType::f32) {
-            std::memcpy(bytes.data() + 4 * i, &values[i], 4);
-            continue;
-        }
-        const uint16_t bits =
-            dtype == rope::DType::f16 ? rope::to_float16(values[i]).bits : rope::to_bfloat16(values[i]).bits;
-        std::memcpy(bytes.data() + 2 * i, &bits, 2);
-    }
-    return bytes;
-}
-
-// Stored values widened back to float (exact).
-std::vector<float> widen(const std::vector<unsigned char>& bytes, rope::DType dtype) {
-    std::vector<float> values(bytes.size() / size_t(rope::dtype_size(dtype)));
-    for (size_t i = 0; i < values.size(); ++i) {
-        if (dtype == rope::DType::f32) {
-            std::memcpy(&values[i], bytes.data() + 4 * i, 4);
-            continue;
-        }
-        uint16_t bits;
-        std::memcpy(&bits, bytes.data() + 2 * i, 2);
-        values[i] =
-            dtype == rope::DType::f16 ? rope::to_float(rope::float16{bits}) : rope::to_float(rope::bfloat16{bits});
-    }
-    return values;
-}
-
 // The error of the rows at one position against the float64 formula.
 struct PositionError {
     double rel_l2 = 0, max_abs = 0;
@@ -75,8 +43,8 @@ std::vector<PositionError> errors_at(rope::Backend& backend, const std::vector<f
                                      const std::vector<int64_t>& ids, rope::DType dtype, bool precise) {
     const int64_t n = int64_t(ids.size());
     const rope::Device device = backend.device();
-    std::vector<unsigned char> bytes = store(x, dtype);
-    const std::vector<float> stored = widen(bytes, dtype);
+    std::vector<unsigned char> bytes = tutorial::to_storage(x, dtype);
+    const std::vector<float> stored = tutorial::from_storage(bytes, dtype);
     rope::Buffer tensor(device, bytes.size()), positions(device, ids.size() * sizeof(int64_t));
     tensor.copy_from_host(bytes.data());
     positions.copy_from_host(ids.data());
@@ -89,7 +57,7 @@ std::vector<PositionError> errors_at(rope::Backend& backend, const std::vector<f
     rope::apply(backend, config, rope::RopeArgs::in_place(q, no_k, rope::Positions::shared(device_ids, n, device)));
     if (device == rope::Device::cuda) rope::cuda_synchronize();  // The launch is asynchronous.
     tensor.copy_to_host(bytes.data());
-    const std::vector<float> got = widen(bytes, dtype);
+    const std::vector<float> got = tutorial::from_storage(bytes, dtype);
 
     tutorial::Formula formula;
     formula.ids = &ids;

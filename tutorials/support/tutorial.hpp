@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -100,6 +101,38 @@ inline std::vector<float> random_values(size_t count, uint32_t seed) {
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     std::vector<float> values(count);
     for (float& value : values) value = uniform(generator);
+    return values;
+}
+
+/// @p values as a tensor of @p dtype holds them, as raw bytes: float32 as is,
+/// float16 and bfloat16 rounded to nearest even, as the library rounds its results.
+inline std::vector<unsigned char> to_storage(const std::vector<float>& values, rope::DType dtype) {
+    std::vector<unsigned char> bytes(values.size() * size_t(rope::dtype_size(dtype)));
+    for (size_t i = 0; i < values.size(); ++i) {
+        if (dtype == rope::DType::f32) {
+            std::memcpy(bytes.data() + 4 * i, &values[i], 4);
+            continue;
+        }
+        const uint16_t bits =
+            dtype == rope::DType::f16 ? rope::to_float16(values[i]).bits : rope::to_bfloat16(values[i]).bits;
+        std::memcpy(bytes.data() + 2 * i, &bits, 2);
+    }
+    return bytes;
+}
+
+/// The values held in @p bytes of a @p dtype tensor, widened to float (exact).
+inline std::vector<float> from_storage(const std::vector<unsigned char>& bytes, rope::DType dtype) {
+    std::vector<float> values(bytes.size() / size_t(rope::dtype_size(dtype)));
+    for (size_t i = 0; i < values.size(); ++i) {
+        if (dtype == rope::DType::f32) {
+            std::memcpy(&values[i], bytes.data() + 4 * i, 4);
+            continue;
+        }
+        uint16_t bits;
+        std::memcpy(&bits, bytes.data() + 2 * i, 2);
+        values[i] =
+            dtype == rope::DType::f16 ? rope::to_float(rope::float16{bits}) : rope::to_float(rope::bfloat16{bits});
+    }
     return values;
 }
 
