@@ -96,7 +96,7 @@ function(plot_table stem title header rows_var image_out table_out)
     list(FIND columns status at_status)
     list(FIND columns threads at_threads)
     list(FIND columns medianus at_median)
-    set(label_columns shape kvheads dtype style layout placement)
+    set(label_columns shape kvheads dtype style layout placement timing precise positionoffset)
     set(kept "")
     foreach(row IN LISTS ${rows_var})
         string(REPLACE "%%F%%" ";" cells "${row}")
@@ -136,6 +136,7 @@ function(plot_table stem title header rows_var image_out table_out)
     endforeach()
 
     set(data "")
+    set(longest_label 0)
     set(table "| backend | threads | shape | dtype | median (us) | GB/s | copy GB/s |\n|---|--:|---|---|--:|--:|--:|\n")
     foreach(row IN LISTS kept)
         string(REPLACE "%%F%%" ";" cells "${row}")
@@ -152,11 +153,27 @@ function(plot_table stem title header rows_var image_out table_out)
             list(GET cells ${at} value)
             string(REGEX REPLACE "%%(LBR|RBR)%%" "" value "${value}")
             string(REPLACE "%%COMMA%%" "x" value "${value}")
-            string(APPEND label " ${value}")
+            # Flags read better as words: "precise", "@1000000" (first position).
+            if(column STREQUAL "precise")
+                if(value STREQUAL "1")
+                    set(value "precise")
+                else()
+                    set(value "")
+                endif()
+            elseif(column STREQUAL "positionoffset")
+                set(value "@${value}")
+            endif()
+            if(NOT value STREQUAL "")
+                string(APPEND label " ${value}")
+            endif()
         endforeach()
         list(GET cells ${at_gbps} gbps)
         list(GET cells ${at_copygbps} copy)
         string(REPLACE "\"" "'" label "${label}")
+        string(LENGTH "${label}" label_length)
+        if(label_length GREATER longest_label)
+            set(longest_label ${label_length})
+        endif()
         string(APPEND data "\"${label}\"\t${gbps}\t${copy}\n")
         set(shape "")
         set(dtype "")
@@ -191,9 +208,12 @@ function(plot_table stem title header rows_var image_out table_out)
         set(width 2400)
     endif()
     math(EXPR last "${count} - 1")
+    # Labels are rotated by 25 degrees: the margin below grows with the longest one.
+    math(EXPR bottom_margin "3 + ${longest_label} / 4")
+    math(EXPR height "400 + 4 * ${longest_label}")
     string(REPLACE "'" "''" gp_title "${title}")
     file(WRITE ${PLOT_DIR}/${name}.gp
-"set terminal pngcairo noenhanced size ${width},520 font 'sans,11'
+"set terminal pngcairo noenhanced size ${width},${height} font 'sans,11'
 set output '${PLOT_DIR}/${name}.png'
 set datafile separator '\\t'
 set title '${gp_title}'
@@ -207,7 +227,7 @@ set style histogram clustered gap 1
 set style fill solid 0.85 border -1
 set boxwidth 0.9
 set xtics rotate by -25 nomirror
-set bmargin 7
+set bmargin ${bottom_margin}
 plot '${PLOT_DIR}/${name}.dat' using 2:xtic(1) title 'RoPE (label: % of the copy)' lc rgb '#2f6db5', \\
      '' using 3 title 'memory copy of the same bytes' lc rgb '#b0b0b0', \\
      '' using ($0-1.0/6):2:(sprintf('%.0f%%', 100.0*$2/$3)) with labels offset 0,0.8 notitle
