@@ -5,12 +5,14 @@
 //   angle = position(b, s) * theta_i            (float32, rope_angle; or the
 //                                                precise mode's rope_angle_precise)
 //   (x, y) = the pair's two features             (pair_elements)
-//   (x, y) <- (x cos - y sin, y cos + x sin)     (rotate_pair; sin negated for the inverse)
+//   (x, y) <- (x cos - y sin, y cos + x sin)     (rotate_pair; sin negated for the inverse),
+//                                                read and written in place by rotate_pair_in_memory
 // and the features past rotary_dim are copied through unchanged.
 #include <cmath>
 #include <memory>
 
 #include "backend_factories.hpp"
+#include "rope/pair_in_memory.hpp"
 #include "rope/rotation.hpp"
 
 namespace rope {
@@ -36,12 +38,7 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
                     const float cos_angle = scale * std::cos(angle);
                     const float sin_angle = sign * scale * std::sin(angle);
                     const PairIndex pair = pair_elements(plan.style, plan.rotary_dim, i);
-                    // Read both features before writing either: the call may be in place.
-                    float x = to_float(in[g.offset(b, h, s, pair.first)]);
-                    float y = to_float(in[g.offset(b, h, s, pair.second)]);
-                    rotate_pair(x, y, cos_angle, sin_angle);
-                    out[o.offset(b, h, s, pair.first)] = from_float<Storage>(x);
-                    out[o.offset(b, h, s, pair.second)] = from_float<Storage>(y);
+                    rotate_pair_in_memory(in, g, out, o, b, h, s, pair, cos_angle, sin_angle);
                 }
                 // Partial rotary: the remaining features pass through untouched.
                 for (int64_t d = plan.rotary_dim; d < g.head_dim; ++d)

@@ -17,6 +17,7 @@
 #include "backend_factories.hpp"
 #include "check.hpp"
 #include "kernel_args.cuh"
+#include "rope/pair_in_memory.hpp"
 #include "rope/rotation.hpp"
 
 namespace rope {
@@ -70,12 +71,7 @@ __global__ void rope_naive_kernel(const __grid_constant__ NaiveArgs args) {
             float cos_angle, sin_angle;
             cuda_detail::rotation_factors(args.freq, args.positions.at(b, s), j, cos_angle, sin_angle);
             const PairIndex pair = pair_elements(args.style, args.rotary_dim, j);
-            // Read both features before writing either: the call may be in place.
-            float x = to_float(in[g.offset(b, h, s, pair.first)]);
-            float y = to_float(in[g.offset(b, h, s, pair.second)]);
-            rotate_pair(x, y, cos_angle, sin_angle);
-            out[o.offset(b, h, s, pair.first)] = from_float<Storage>(x);
-            out[o.offset(b, h, s, pair.second)] = from_float<Storage>(y);
+            rotate_pair_in_memory(in, g, out, o, b, h, s, pair, cos_angle, sin_angle);  // In-place safe.
         } else {
             // Partial rotary: features past rotary_dim pass through untouched.
             const int64_t d = args.rotary_dim + (j - args.pairs);

@@ -405,6 +405,16 @@ int check_edges(Backend& gpu) {
             }
         }
     };
+    // The counterpart: a call that must run, and finish, without any error.
+    auto expect_success = [&](const char* what, auto&& body) {
+        try {
+            body();
+            check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+        } catch (const std::exception& error) {
+            std::printf("  FAIL %s: %s\n", what, error.what());
+            ++failures;
+        }
+    };
     // rotary_dim beyond the kernel-parameter table: rejected, naming rotary_dim.
     {
         RopeConfig config;
@@ -434,13 +444,7 @@ int check_edges(Backend& gpu) {
         q.copy_from_host(ones.data());
         const TensorView vq = TensorView::contiguous(q.data(), DType::f32, Device::cuda, Layout::bhsd, {1, 1, 1, 8});
         const TensorView vk = TensorView::contiguous(nullptr, DType::f32, Device::cuda, Layout::bhsd, {1, 0, 1, 8});
-        try {
-            apply(gpu, config, RopeArgs::in_place(vq, vk));
-            check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-        } catch (const std::exception& error) {
-            std::printf("  FAIL launch after a failed cudaMalloc: %s\n", error.what());
-            ++failures;
-        }
+        expect_success("launch after a failed cudaMalloc", [&] { apply(gpu, config, RopeArgs::in_place(vq, vk)); });
         cudaGetLastError();  // Leave the thread's error state clean for what follows.
     }
     // An empty call is a no-op.
@@ -448,13 +452,7 @@ int check_edges(Backend& gpu) {
         RopeConfig config;
         config.head_dim = 8;
         const TensorView empty = TensorView::contiguous(nullptr, DType::f32, Device::cuda, Layout::bhsd, {0, 1, 1, 8});
-        try {
-            apply(gpu, config, RopeArgs::in_place(empty, empty));
-            check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-        } catch (const std::exception& error) {
-            std::printf("  FAIL empty call: %s\n", error.what());
-            ++failures;
-        }
+        expect_success("empty call", [&] { apply(gpu, config, RopeArgs::in_place(empty, empty)); });
     }
     return failures;
 }

@@ -19,6 +19,10 @@ from transformers import LlamaConfig
 from transformers.models.gptj import modeling_gptj
 from transformers.models.llama import modeling_llama
 
+from hf_golden_common import llama_rotate, partial_rotary, write_case
+
+HEADER = "RoPE golden vectors computed by HuggingFace transformers; see scripts/make_golden_hf.py"
+
 
 def llama_config(head_dim, base, partial_rotary_factor=1.0):
     heads = 4
@@ -32,17 +36,6 @@ def llama_config(head_dim, base, partial_rotary_factor=1.0):
     if partial_rotary_factor != 1.0:
         config.partial_rotary_factor = partial_rotary_factor
     return config
-
-
-def write_case(path, meta, tensors):
-    with open(path, "w") as f:
-        f.write("# RoPE golden vectors computed by HuggingFace transformers; see scripts/make_golden_hf.py\n")
-        for key, value in meta.items():
-            f.write(f"{key}: {value}\n")
-        for name, t in tensors.items():
-            flat = t.detach().to(torch.float32).contiguous().view(-1).tolist()
-            f.write(f"{name}: " + " ".join(f"{v:.9g}" for v in flat) + "\n")
-    print("wrote", path)
 
 
 def llama_case(out, name, batch, q_heads, k_heads, seq, head_dim, base, partial=1.0, positions=None, seed=0):
@@ -59,11 +52,7 @@ def llama_case(out, name, batch, q_heads, k_heads, seq, head_dim, base, partial=
     expected = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
     assert torch.allclose(rotary.inv_freq.double(), expected, rtol=1e-6), "config's rope_theta was not taken"
     cos, sin = rotary(q, position_ids)  # [batch, seq, rotary_dim]
-    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
-    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
-    q_emb, k_emb = modeling_llama.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
-    q_out = torch.cat([q_emb, q_pass], dim=-1)
-    k_out = torch.cat([k_emb, k_pass], dim=-1)
+    q_out, k_out = llama_rotate(q, k, cos, sin, rotary_dim)
     meta = {
         "source": f"transformers {transformers.__version__} (torch {torch.__version__}): "
                   "LlamaRotaryEmbedding + modeling_llama.apply_rotary_pos_emb",
@@ -75,7 +64,7 @@ def llama_case(out, name, batch, q_heads, k_heads, seq, head_dim, base, partial=
     tensors = {"q": q, "k": k, "q_out": q_out, "k_out": k_out}
     if positions is not None:
         tensors = {"positions": position_ids.to(torch.float32), **tensors}
-    write_case(os.path.join(out, name), meta, tensors)
+    write_case(os.path.join(out, name), HEADER, meta, tensors)
 
 
 def gptj_case(out, name, batch, heads, seq, head_dim, rotary_dim, base, seed=0):
@@ -91,8 +80,7 @@ def gptj_case(out, name, batch, heads, seq, head_dim, rotary_dim, base, seed=0):
     sincos = embed_positions[position_ids]
     sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)
     def rotate(x):
-        x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-        return torch.cat([modeling_gptj.apply_rotary_pos_emb(x_rot, sin, cos), x_pass], dim=-1)
+        return partial_rotary(x, rotary_dim, lambda x_rot: modeling_gptj.apply_rotary_pos_emb(x_rot, sin, cos))
     meta = {
         "source": f"transformers {transformers.__version__} (torch {torch.__version__}): "
                   "gptj create_sinusoidal_positions + modeling_gptj.apply_rotary_pos_emb",
@@ -101,7 +89,7 @@ def gptj_case(out, name, batch, heads, seq, head_dim, rotary_dim, base, seed=0):
         "q_shape": f"{batch} {seq} {heads} {head_dim}", "k_shape": f"{batch} {seq} {heads} {head_dim}",
         "position_rows": 0,
     }
-    write_case(os.path.join(out, name), meta, {"q": q, "k": k, "q_out": rotate(q), "k_out": rotate(k)})
+    write_case(os.path.join(out, name), HEADER, meta, {"q": q, "k": k, "q_out": rotate(q), "k_out": rotate(k)})
 
 
 def main():

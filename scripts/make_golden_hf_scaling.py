@@ -42,6 +42,10 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama import modeling_llama
 
+from hf_golden_common import llama_rotate, write_case
+
+HEADER = "Scaled RoPE golden vectors computed by HuggingFace transformers; see scripts/make_golden_hf_scaling.py"
+
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
 
@@ -93,23 +97,6 @@ def check_taken(config, rope_fields):
         raise RuntimeError(f"transformers {transformers.__version__}'s yarn ignores `truncate`")
 
 
-def numbers(values, fmt="{:.9g}"):
-    return " ".join(fmt.format(v) for v in values)
-
-
-def write_case(path, meta, lists, tensors):
-    with open(path, "w") as f:
-        f.write("# Scaled RoPE golden vectors computed by HuggingFace transformers; "
-                "see scripts/make_golden_hf_scaling.py\n")
-        for key, value in meta.items():
-            f.write(f"{key}: {value}\n")
-        for key, values in lists.items():
-            f.write(f"{key}: {numbers(values, '{!r}')}\n")
-        for name, t in tensors.items():
-            f.write(f"{name}: " + numbers(t.detach().to(torch.float32).contiguous().view(-1).tolist()) + "\n")
-    print("wrote", path)
-
-
 def scaling_case(out, name, rope_fields, head_dim=64, base=10000.0, partial=1.0, ids=None, offset=None,
                  batch=2, q_heads=2, k_heads=1, seq=4, max_position_embeddings=None, seed=0):
     """One golden file: q, k of [batch, heads, seq, head_dim] rotated by transformers with `rope_fields`.
@@ -155,11 +142,7 @@ def scaling_case(out, name, rope_fields, head_dim=64, base=10000.0, partial=1.0,
     expect_default = name.endswith("_short.txt") and rope_type == "dynamic"
     assert changed != expect_default, f"{name}: scaling {'did not change' if not changed else 'changed'} the frequencies"
 
-    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
-    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
-    q_emb, k_emb = modeling_llama.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
-    q_out = torch.cat([q_emb, q_pass], dim=-1)
-    k_out = torch.cat([k_emb, k_pass], dim=-1)
+    q_out, k_out = llama_rotate(q, k, cos, sin, rotary_dim)
 
     meta = {
         "source": f"transformers {transformers.__version__} (torch {torch.__version__}): "
@@ -188,7 +171,7 @@ def scaling_case(out, name, rope_fields, head_dim=64, base=10000.0, partial=1.0,
     if ids is not None:
         tensors["positions"] = position_ids.to(torch.float32)
     tensors.update({"q": q, "k": k, "q_out": q_out, "k_out": k_out})
-    write_case(os.path.join(out, name), meta, lists, tensors)
+    write_case(os.path.join(out, name), HEADER, meta, tensors, lists)
 
 
 def main():

@@ -19,6 +19,7 @@
 #include "rope/dtype.hpp"
 #include "rope/error.hpp"
 #include "rope/frequency_table.hpp"
+#include "rope/pair_in_memory.hpp"
 #include "rope/plan.hpp"
 #include "rope/positions.hpp"
 #include "rope/rotation.hpp"
