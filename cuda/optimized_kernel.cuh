@@ -4,7 +4,7 @@
 ///
 /// RoPE does a handful of flops per element against 4 to 16 bytes of traffic
 /// (read once, written once), so its ceiling is a device-to-device copy of the
-/// same bytes. Reaching that ceiling takes four things, each marked below:
+/// same bytes. Reaching that ceiling takes four things, and small calls a fifth, each marked below:
 ///
 ///  1. Wide, coalesced accesses. A thread moves its piece of a row (a "chunk")
 ///     with 16-byte loads and stores, and neighbouring threads take
