@@ -50,6 +50,7 @@
 
 #include <unistd.h>
 
+#include "rope/detail/plan.hpp"  // make_plan: calls are validated once, outside the clock
 #include "rope/rope.hpp"
 
 #if ROPE_BENCH_OPENMP

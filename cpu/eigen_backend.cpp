@@ -29,7 +29,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend_factories.hpp"
+#include "rope/detail/backend_factories.hpp"
+#include "rope/detail/pair_step.hpp"
+#include "rope/detail/plan.hpp"
 #include "rope/rotation.hpp"
 
 namespace rope {
@@ -186,10 +188,10 @@ using RowKernel = void (*)(Row<const Storage>, Row<Storage>, const float*, const
 // choice depends only on the style and on the operand's strides.
 template <typename Storage>
 RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand) {
-    const bool unit = operand.in_geometry.stride_dim == 1 && operand.out_geometry.stride_dim == 1;
+    const bool contiguous = operand.in_geometry.stride_dim == 1 && operand.out_geometry.stride_dim == 1;
     if (style == Style::half_split)
-        return unit ? rotate_row<Storage, Style::half_split, true> : rotate_row<Storage, Style::half_split, false>;
-    return unit ? rotate_row<Storage, Style::interleaved, true> : rotate_row<Storage, Style::interleaved, false>;
+        return contiguous ? rotate_row<Storage, Style::half_split, true> : rotate_row<Storage, Style::half_split, false>;
+    return contiguous ? rotate_row<Storage, Style::interleaved, true> : rotate_row<Storage, Style::interleaved, false>;
 }
 
 // ---------------------------------------------------------------------------
@@ -208,18 +210,13 @@ struct Slab {
 // pair i at that token, already scaled by the attention factor and, for the
 // inverse, with sin negated, so the row kernel only multiplies.
 void fill_trig_row(const Plan& plan, const Slab& slab, int64_t t, float* cos, float* sin) {
-    const float sign = plan.direction == Direction::forward ? 1.0f : -1.0f;
-    const float scale = plan.frequencies.attention_factor;
-    const float* inv_freq = plan.frequencies.inv_freq.data();
-    const double* inv_freq_exact = plan.frequencies.inv_freq_exact.data();
-    const int64_t position = plan.positions.at(slab.position_row, slab.first_token + t);
+    const TokenPositions positions = token_positions(plan.positions, plan.axes, slab.position_row, slab.first_token + t);
     for (int64_t i = 0; i < plan.pairs; ++i) {
-        // The same angle (float32 by default, or the precise mode's) and the
-        // same std::cos/std::sin as cpu-naive: the two backends then differ
-        // only by the rounding of the rotation itself.
-        const float angle = pair_angle(plan.precise_angles, position, inv_freq[i], inv_freq_exact[i]);
-        cos[t * plan.pairs + i] = scale * std::cos(angle);
-        sin[t * plan.pairs + i] = sign * scale * std::sin(angle);
+        // The same factors as cpu-naive (the shared rotation_factors: the same
+        // angle and std::cos/std::sin, or the caller's table): the two backends
+        // then differ only by the rounding of the rotation itself.
+        const int64_t position = positions.of_axis(plan.angles.pair_axis[size_t(i)]);
+        rotation_factors(plan.angles, position, i, cos[t * plan.pairs + i], sin[t * plan.pairs + i]);
     }
 }
 
@@ -240,8 +237,8 @@ constexpr int64_t kSlabTableBytes = 2 * 1024 * 1024;
 // Bytes of table per block of tokens walked head by head (128 tokens at
 // head_dim 128): it stays in L2 while the block's rows of every head stream by.
 constexpr int64_t kBlockTableBytes = 64 * 1024;
-// Work units per thread: enough that an uneven last unit costs little.
-constexpr int64_t kUnitsPerThread = 8;
+// Stretches per thread: enough that an uneven last stretch costs little.
+constexpr int64_t kStretchesPerThread = 8;
 // Bytes per cache line (x86-64 and most ARM cores): the unit of prefetching.
 constexpr int64_t kCacheLine = 64;
 // Rows requested ahead of the one being rotated (4 KiB at head_dim 128, fp32).
@@ -251,13 +248,13 @@ constexpr int64_t kPrefetchRows = 8;
 // in which one core moves about this much. Below it, fewer threads are faster.
 constexpr int64_t kMinBytesPerThread = 256 * 1024;
 
-// How one slab's rows are cut into units of work for the threads.
+// How one slab's rows are cut into stretches of work for the threads.
 //
 // The "owners" of a slab are its (sequence, q or k head) pairs: every row of
-// a slab belongs to one owner and one token. A unit is a block of tokens times
-// a chunk of owners. Units are numbered so that each thread's contiguous range
-// of units is a contiguous stretch of memory: for [b, h, s, d] (a head's
-// tokens adjacent) chunks of heads vary slowest, so threads split the heads;
+// a slab belongs to one owner and one token. A stretch is a block of tokens
+// times a group of owners. Stretches are numbered so that each thread's
+// contiguous range of them is a contiguous stretch of memory: for [b, h, s, d]
+// (a head's tokens adjacent) groups of heads vary slowest, so threads split the heads;
 // for [b, s, h, d] (a token's heads adjacent) blocks of tokens vary slowest,
 // so threads split the tokens. Two threads streaming two separate regions
 // measured 10 to 20% faster here than both hopping over the same heads.
@@ -267,7 +264,7 @@ struct WorkSplit {
     int64_t slab_tokens = 1;       // Tokens per slab (its table is kSlabTableBytes at most).
     int64_t slabs_per_row = 1;     // ceil(seq / slab_tokens).
     int64_t block_tokens = 1;      // Tokens per block.
-    int64_t owner_chunks = 1;      // Chunks the owners are cut into.
+    int64_t owner_groups = 1;      // Groups the owners are cut into.
     bool heads_outer = true;       // Threads split heads (true) or tokens (false).
     int64_t seq = 0;
 
@@ -276,12 +273,12 @@ struct WorkSplit {
         return {index / slabs_per_row, first_token, std::min(slab_tokens, seq - first_token)};
     }
     int64_t blocks(const Slab& slab) const { return (slab.tokens + block_tokens - 1) / block_tokens; }
-    int64_t units(const Slab& slab) const { return blocks(slab) * owner_chunks; }
+    int64_t stretches(const Slab& slab) const { return blocks(slab) * owner_groups; }
 };
 
 WorkSplit split_work(const Plan& plan, int64_t threads) {
     WorkSplit split;
-    const bool per_sequence_ids = plan.positions.ids != nullptr && plan.positions.row_stride != 0;
+    const bool per_sequence_ids = plan.positions.per_sequence();
     split.position_rows = per_sequence_ids ? plan.batch : 1;
     split.owners = (per_sequence_ids ? 1 : plan.batch) * (plan.q.in_geometry.heads + plan.k.in_geometry.heads);
     split.seq = plan.seq;
@@ -291,13 +288,13 @@ WorkSplit split_work(const Plan& plan, int64_t threads) {
     split.block_tokens = std::clamp<int64_t>(kBlockTableBytes / table_row_bytes, 1, split.slab_tokens);
     split.heads_outer = plan.q.in_geometry.stride_seq < plan.q.in_geometry.stride_head;
 
-    // Enough units for every thread, cut from whichever axis comes first.
-    const int64_t target_units = threads * kUnitsPerThread;
+    // Enough stretches for every thread, cut from whichever axis comes first.
+    const int64_t target_stretches = threads * kStretchesPerThread;
     const int64_t blocks = split.blocks(split.slab(0));
     if (split.heads_outer) {
-        split.owner_chunks = std::min(split.owners, target_units);
+        split.owner_groups = std::min(split.owners, target_stretches);
     } else {
-        split.owner_chunks = std::clamp<int64_t>((target_units + blocks - 1) / blocks, 1, split.owners);
+        split.owner_groups = std::clamp<int64_t>((target_stretches + blocks - 1) / blocks, 1, split.owners);
     }
     return split;
 }
@@ -305,11 +302,11 @@ WorkSplit split_work(const Plan& plan, int64_t threads) {
 // One head row ready to rotate: where its input and output live, and the
 // kernel for its operand (q and k may differ in strides).
 template <typename Storage>
-struct RowRef {
+struct HeadRow {
     Row<const Storage> in;
     Row<Storage> out;
-    int64_t in_step;   // stride_seq: from this row to the same head's next token.
-    int64_t out_step;
+    int64_t next_token_in;   // stride_seq: from this row to the same head's next token.
+    int64_t next_token_out;
     int64_t prefetch_bytes;  // Bytes of the row to prefetch; 0 for strided rows.
     RowKernel<Storage> kernel;
 
@@ -327,7 +324,7 @@ struct RowRef {
     }
 };
 
-// The rows of one unit, in the order a thread visits them.
+// The rows of one stretch, in the order a thread visits them.
 //
 // Memory is visited in its own order: for [b, h, s, d] each owner's tokens
 // are walked before the next owner (the next row is just one stride further);
@@ -339,20 +336,20 @@ public:
     struct Cursor {
         int64_t sequence;
         int64_t head;   // Counting q's heads first, then k's.
-        int64_t owner;  // 0 .. owners-1 within the unit.
+        int64_t owner;  // 0 .. owners-1 within the stretch.
         int64_t token;  // 0 .. tokens-1 within the block.
-        RowRef<Storage> row;
+        HeadRow<Storage> row;
     };
 
     RowWalk(const Plan& plan, const RowKernel<Storage> (&kernels)[2], const WorkSplit& split, const Slab& slab,
-            int64_t unit)
+            int64_t stretch)
         : plan_(plan), kernels_(kernels), heads_(plan.q.in_geometry.heads + plan.k.in_geometry.heads),
           tokens_inner_(split.heads_outer) {
         const int64_t blocks = split.blocks(slab);
-        const int64_t block = split.heads_outer ? unit % blocks : unit / split.owner_chunks;
-        const int64_t chunk = split.heads_outer ? unit / blocks : unit % split.owner_chunks;
-        const int64_t owner_begin = chunk * split.owners / split.owner_chunks;
-        const int64_t owner_end = (chunk + 1) * split.owners / split.owner_chunks;
+        const int64_t block = split.heads_outer ? stretch % blocks : stretch / split.owner_groups;
+        const int64_t group = split.heads_outer ? stretch / blocks : stretch % split.owner_groups;
+        const int64_t owner_begin = group * split.owners / split.owner_groups;
+        const int64_t owner_end = (group + 1) * split.owners / split.owner_groups;
         // Shared positions: the position row is 0 and the owners span the batch.
         // Per-sequence ids: the owners are the heads of sequence position_row.
         first_sequence_ = slab.position_row + owner_begin / heads_;
@@ -375,8 +372,8 @@ public:
         if (tokens_inner_) {
             if (++cursor.token < tokens_) {
                 // Same head, next token: one stride on, no address arithmetic.
-                cursor.row.in.data += cursor.row.in_step;
-                cursor.row.out.data += cursor.row.out_step;
+                cursor.row.in.data += cursor.row.next_token_in;
+                cursor.row.out.data += cursor.row.next_token_out;
                 return;
             }
             cursor.token = 0;
@@ -403,12 +400,12 @@ private:
         const int64_t s = slab_first_token_ + first_token_ + cursor.token;
         const Geometry& in = operand.in_geometry;
         const Geometry& out = operand.out_geometry;
-        const bool unit_stride = in.stride_dim == 1 && out.stride_dim == 1;
+        const bool contiguous = in.stride_dim == 1 && out.stride_dim == 1;
         cursor.row = {{static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0), in.stride_dim},
                       {static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0), out.stride_dim},
                       in.stride_seq,
                       out.stride_seq,
-                      unit_stride ? plan_.head_dim * int64_t(sizeof(Storage)) : 0,
+                      contiguous ? plan_.head_dim * int64_t(sizeof(Storage)) : 0,
                       kernels_[is_q ? 0 : 1]};
         return cursor;
     }
@@ -417,9 +414,9 @@ private:
     const RowKernel<Storage> (&kernels_)[2];  // For q's rows and for k's.
     int64_t heads_;                  // q heads + k heads: owners per sequence.
     bool tokens_inner_;              // Walk an owner's tokens before the next owner.
-    int64_t first_sequence_ = 0;     // Sequence of the unit's first owner.
+    int64_t first_sequence_ = 0;     // Sequence of the stretch's first owner.
     int64_t first_head_ = 0;         // Its head.
-    int64_t owners_ = 0;             // Owners in the unit.
+    int64_t owners_ = 0;             // Owners in the stretch.
     int64_t first_token_ = 0;        // First token of the block, within the slab.
     int64_t tokens_ = 0;             // Tokens in the block.
     int64_t slab_first_token_ = 0;   // First token of the slab, within the sequence.
@@ -429,9 +426,10 @@ private:
 // 4. The backend
 // ---------------------------------------------------------------------------
 
-// The backend keeps its cos/sin table between calls (to avoid allocating on
-// every call), so one object runs one call at a time; threads that call
-// concurrently each need their own backend.
+// The cos/sin table is kept between calls (allocating 2 MiB on every call
+// would cost page faults each time), one per calling thread: threads that
+// call one backend object at once each fill and read their own table, so the
+// object holds no state a concurrent call could disturb.
 class EigenCpuBackend final : public Backend {
 public:
     explicit EigenCpuBackend(const BackendOptions& options) : requested_threads_(options.threads) {}
@@ -460,9 +458,10 @@ private:
         // The shared table grows here, outside the parallel region, and only
         // when a call needs more than any before it.
         const size_t table_size = size_t(split.slab_tokens * plan.pairs);
-        if (cos_.size() < table_size) cos_.resize(table_size), sin_.resize(table_size);
-        float* const cos = cos_.data();
-        float* const sin = sin_.data();
+        thread_local std::vector<float> cos_table, sin_table;  // This calling thread's (see above).
+        if (cos_table.size() < table_size) cos_table.resize(table_size), sin_table.resize(table_size);
+        float* const cos = cos_table.data();
+        float* const sin = sin_table.data();
 
         const RowKernel<Storage> kernels[2] = {pick_row_kernel<Storage>(plan.style, plan.q),
                                                pick_row_kernel<Storage>(plan.style, plan.k)};
@@ -477,12 +476,12 @@ private:
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < slab.tokens; ++t) fill_trig_row(plan, slab, t, cos, sin);
 
-            // Static schedule: each thread one contiguous range of units, so one
+            // Static schedule: each thread one contiguous range of stretches, so one
             // contiguous stretch of memory. The implicit barrier at the end keeps
             // the table until every thread is done with it.
 #pragma omp for schedule(static)
-            for (int64_t unit = 0; unit < split.units(slab); ++unit) {
-                const RowWalk<Storage> walk(plan, kernels, split, slab, unit);
+            for (int64_t stretch = 0; stretch < split.stretches(slab); ++stretch) {
+                const RowWalk<Storage> walk(plan, kernels, split, slab, stretch);
                 const int64_t rows = walk.size();
 
                 // Two cursors walk the same rows: `lead` runs kPrefetchRows ahead
@@ -506,9 +505,7 @@ private:
         }
     }
 
-    int requested_threads_;   // BackendOptions::threads (0: OpenMP default).
-    std::vector<float> cos_;  // The slab's cos/sin table, shared by the threads
-    std::vector<float> sin_;  // and reused across calls.
+    int requested_threads_;  // BackendOptions::threads (0: OpenMP default).
 };
 
 }  // namespace

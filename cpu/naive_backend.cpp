@@ -2,17 +2,21 @@
 // other backend must produce what this one produces (up to float32 rounding).
 //
 // For every sequence b, head h, token s and pair i:
-//   angle = position(b, s) * theta_i            (float32, rope_angle; or the
+//   position = the token's position on pair i's axis  (token_positions; one axis
+//                                                for text, three for M-RoPE)
+//   angle = position * theta_i                   (float32, rope_angle; or the
 //                                                precise mode's rope_angle_precise)
+//   (cos, sin) of the angle, scaled              (rotation_factors; or read from
+//                                                the caller's cos/sin table)
 //   (x, y) = the pair's two features             (pair_elements)
 //   (x, y) <- (x cos - y sin, y cos + x sin)     (rotate_pair; sin negated for the inverse),
 //                                                read and written in place by rotate_pair_in_memory
 // and the features past rotary_dim are copied through unchanged.
-#include <cmath>
 #include <memory>
 
-#include "backend_factories.hpp"
-#include "rope/pair_in_memory.hpp"
+#include "rope/detail/backend_factories.hpp"
+#include "rope/detail/pair_step.hpp"
+#include "rope/detail/plan.hpp"
 #include "rope/rotation.hpp"
 
 namespace rope {
@@ -25,18 +29,15 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
     auto* out = static_cast<Storage*>(operand.out);
     const Geometry& g = operand.in_geometry;
     const Geometry& o = operand.out_geometry;
-    const float sign = plan.direction == Direction::forward ? 1.0f : -1.0f;
-    const float scale = plan.frequencies.attention_factor;
 
     for (int64_t b = 0; b < g.batch; ++b) {
         for (int64_t h = 0; h < g.heads; ++h) {
             for (int64_t s = 0; s < g.seq; ++s) {
-                const int64_t position = plan.positions.at(b, s);
+                const TokenPositions positions = token_positions(plan.positions, plan.axes, b, s);
                 for (int64_t i = 0; i < plan.pairs; ++i) {
-                    const float angle = pair_angle(plan.precise_angles, position, plan.frequencies.inv_freq[size_t(i)],
-                                                   plan.frequencies.inv_freq_exact[size_t(i)]);
-                    const float cos_angle = scale * std::cos(angle);
-                    const float sin_angle = sign * scale * std::sin(angle);
+                    const int64_t position = positions.of_axis(plan.angles.pair_axis[size_t(i)]);
+                    float cos_angle, sin_angle;
+                    rotation_factors(plan.angles, position, i, cos_angle, sin_angle);
                     const PairIndex pair = pair_elements(plan.style, plan.rotary_dim, i);
                     rotate_pair_in_memory(in, g, out, o, b, h, s, pair, cos_angle, sin_angle);
                 }

@@ -7,30 +7,31 @@
 // and calls sincosf itself, so cos/sin are recomputed for every head; that is
 // the price of simplicity, and cuda-optimized shows what reusing them buys.
 //
-// Everything else is the CPU code unchanged: the same rope_angle,
-// pair_elements and rotate_pair from common/, the same float32 arithmetic, the
-// same to_float / from_float conversions.
+// Everything else is the CPU code unchanged: the same token_positions,
+// rotation_factors and rotate_pair_in_memory from common/, the same float32
+// arithmetic, the same to_float / from_float conversions.
 #include <climits>
 #include <cstdint>
 #include <memory>
 
-#include "backend_factories.hpp"
 #include "check.hpp"
 #include "kernel_args.cuh"
-#include "rope/pair_in_memory.hpp"
+#include "rope/detail/backend_factories.hpp"
+#include "rope/detail/pair_step.hpp"
 #include "rope/rotation.hpp"
 
 namespace rope {
 namespace {
 
-using cuda_detail::FrequencyArgs;
+using cuda_detail::AngleArgs;
 using cuda_detail::kMaxPairs;
 
 /// Everything the kernel needs, passed by value (see kernel_args.cuh for why).
 struct NaiveArgs {
     Operand operands[2];       // [0] = q, [1] = k (k may have no heads).
-    PositionSource positions;  // Device-resident ids, or an offset.
-    FrequencyArgs<kMaxPairs> freq;
+    PositionSource positions;  // Device-resident ids or cu_seqlens, or an offset.
+    AngleArgs<kMaxPairs> angles;
+    int64_t axes;              // Position axes per token.
     Style style;
     int64_t seq;
     int64_t rotary_dim;
@@ -68,8 +69,9 @@ __global__ void rope_naive_kernel(const __grid_constant__ NaiveArgs args) {
         const auto* in = static_cast<const Storage*>(operand.in);
         auto* out = static_cast<Storage*>(operand.out);
         if (j < args.pairs) {
+            const TokenPositions positions = token_positions(args.positions, args.axes, b, s);
             float cos_angle, sin_angle;
-            cuda_detail::rotation_factors(args.freq, args.positions.at(b, s), j, cos_angle, sin_angle);
+            rotation_factors(args.angles, positions.of_axis(args.angles.pair_axis[j]), j, cos_angle, sin_angle);
             const PairIndex pair = pair_elements(args.style, args.rotary_dim, j);
             rotate_pair_in_memory(in, g, out, o, b, h, s, pair, cos_angle, sin_angle);  // In-place safe.
         } else {
@@ -84,13 +86,14 @@ class NaiveCudaBackend final : public Backend {
 public:
     std::string name() const override { return "cuda-naive"; }
     Device device() const override { return Device::cuda; }
+    BackendLimits limits() const override { return cuda_detail::cuda_limits(); }
     void run(const Plan& plan) override {
-        cuda_detail::check_rotary_dim(plan);
         NaiveArgs args{};
         args.operands[0] = plan.q;
         args.operands[1] = plan.k;
         args.positions = plan.positions;
-        args.freq = cuda_detail::make_frequency_args<kMaxPairs>(plan);
+        args.angles = cuda_detail::make_angle_args<kMaxPairs>(plan);
+        args.axes = plan.axes;
         args.style = plan.style;
         args.seq = plan.seq;
         args.rotary_dim = plan.rotary_dim;

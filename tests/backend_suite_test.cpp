@@ -324,17 +324,6 @@ TEST_CASE_TEMPLATE_DEFINE("precise angles: error at position 4M stays at the lev
         CHECK(q.non_finite == 0);
         return q.rel_l2;
     };
-    if (!backend->supports_precise_angles()) {
-        // Not implemented by this backend yet: the call must be refused, not silently imprecise.
-        rope::RopeConfig config = config_of(128);
-        config.precise_angles = true;
-        Call call = make_call(config, rope::DType::f32, bhsd, {1, 2, 4, 128}, {1, 2, 4, 128});
-        const auto before = call.q_out.storage;
-        CHECK_THROWS_WITH_AS(testing::run(*backend, call), doctest::Contains("precise_angles = true"), rope::Error);
-        CHECK(call.q_out.storage == before);
-        MESSAGE(B::name << " does not implement the precise-angle mode: checked that it refuses it");
-        return;
-    }
     for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
         CAPTURE(rope::style_name(style));
         const double precise_4k = error_at(4096, true, style), precise_4m = error_at(4194304, true, style);

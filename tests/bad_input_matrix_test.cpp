@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend_tags.hpp"
+#include "rope/detail/plan.hpp"  // make_plan: these tests check the plan itself
 #include "support.hpp"
 
 namespace {
@@ -211,7 +212,7 @@ TEST_CASE("bad input to the other public entry points") {
         args.positions.max_position = -5;
         expect([&] { rope::make_plan(dynamic, args, rope::Device::cuda); }, "positions.max_position = -5");
         args.positions.max_position = 4096;
-        CHECK(rope::make_plan(dynamic, args, rope::Device::cuda).frequencies.inv_freq !=
+        CHECK(rope::make_plan(dynamic, args, rope::Device::cuda).angles.inv_freq !=
               rope::make_frequency_table(dynamic, 256).inv_freq);
     }
     std::cout << "bad-input matrix: other entry points: " << cases << " cases checked" << std::endl;

@@ -50,31 +50,30 @@ TEST_CASE("CUDA backends on a machine without a GPU say so") {
 }
 
 namespace {
-// A backend that implements nothing but says it lacks the precise mode, to test
-// apply()'s refusal on any machine (the CUDA backends declare the same).
-class NoPreciseBackend final : public rope::Backend {
+// A backend that implements nothing but declares a small limit, to test that
+// apply() refuses what a backend's limits exclude (the CUDA backends bound rotary_dim).
+class SmallBackend final : public rope::Backend {
 public:
-    std::string name() const override { return "no-precise"; }
+    std::string name() const override { return "small"; }
     rope::Device device() const override { return rope::Device::host; }
-    bool supports_precise_angles() const override { return false; }
+    rope::BackendLimits limits() const override { return rope::BackendLimits{4}; }
     void run(const rope::Plan&) override { ++runs; }
     int runs = 0;
 };
 }  // namespace
 
-TEST_CASE("apply refuses the precise mode on a backend that does not implement it") {
-    NoPreciseBackend backend;
+TEST_CASE("apply refuses a call beyond the backend's declared limits, before running it") {
+    SmallBackend backend;
     std::vector<float> q(2 * 4 * 8, 1.0f);
     auto view = rope::TensorView::contiguous(q.data(), rope::DType::f32, rope::Device::host, rope::Layout::bhsd, {1, 2, 4, 8});
     rope::TensorView no_k = view;
     no_k.shape[1] = 0;
     rope::RopeConfig config;
     config.head_dim = 8;
-    config.precise_angles = true;
     CHECK_THROWS_WITH_AS(rope::apply(backend, config, rope::RopeArgs::in_place(view, no_k)),
-                         doctest::Contains("precise_angles = true: no-precise does not implement"), rope::Error);
+                         doctest::Contains("rotary_dim = 8: small accepts rotary_dim <= 4"), rope::Error);
     CHECK(backend.runs == 0);
-    config.precise_angles = false;
+    config.rotary_dim = 4;
     rope::apply(backend, config, rope::RopeArgs::in_place(view, no_k));
     CHECK(backend.runs == 1);
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "rope/detail/plan.hpp"  // make_plan: these tests check the plan itself
 #include "support.hpp"
 
 namespace {
@@ -259,7 +260,7 @@ TEST_CASE("dynamic NTK follows the call's largest position through make_plan") {
     auto plan_for = [&](testing::Call& call) {
         const rope::RopeArgs args = rope::RopeArgs::out_of_place(call.q.view, call.k.view, call.q_out.view,
                                                                  call.k_out.view, call.positions());
-        return rope::make_plan(config, args, rope::Device::host).frequencies.inv_freq;
+        return rope::make_plan(config, args, rope::Device::host).angles.inv_freq;
     };
     auto call = testing::make_call(config, rope::DType::f32, rope::Layout::bhsd, {2, 2, 4, 64}, {2, 2, 4, 64});
     call.offset = 252;  // positions 252..255: max_position 256, within the original context

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "rope/buffer.hpp"
+#include "rope/device.hpp"
 #include "rope/error.hpp"
 
 #if ROPE_HAVE_CUDA

@@ -97,6 +97,46 @@ void validate_scaling(const Scaling& scaling, int64_t rotary_dim, double base) {
     }
 }
 
+// Checks the sections of a multi-axis configuration against the rotated pairs.
+void validate_multi_axis(const MultiAxis& multi_axis, int64_t rotary_dim, ScalingType scaling) {
+    const AxisAssignment assignment = multi_axis.assignment;
+    const auto& sections = multi_axis.sections;
+    const std::string name = std::string(axis_assignment_name(assignment));
+    if (assignment == AxisAssignment::single) {
+        if (!sections.empty())
+            fail("multi_axis.sections.size()", sections.size(), "must be 0 with one position axis (assignment single)");
+        return;
+    }
+    const bool mrope = assignment != AxisAssignment::axial;
+    if (mrope && sections.size() != 3)
+        fail("multi_axis.sections.size()", sections.size(),
+             "must be 3 for " + name + " (temporal, height and width)");
+    if (sections.empty() || int64_t(sections.size()) > kMaxPositionAxes)
+        fail("multi_axis.sections.size()", sections.size(),
+             "must be 1 to " + std::to_string(kMaxPositionAxes) + " for " + name);
+    int64_t sum = 0;
+    for (size_t a = 0; a < sections.size(); ++a) {
+        if (sections[a] <= 0)
+            fail("multi_axis.sections[" + std::to_string(a) + "]", sections[a], "must be > 0 (pairs of that axis)");
+        sum += sections[a];
+    }
+    const int64_t pairs = rotary_dim / 2;
+    if (sum != pairs)
+        fail("multi_axis.sections", "sum " + std::to_string(sum),
+             "must equal rotary_dim/2 = " + std::to_string(pairs) + " (every rotated pair belongs to one axis)");
+    if (assignment == AxisAssignment::mrope_interleaved) {
+        // Axis a (1 or 2) takes pairs a, a+3, ..., a+3*(sections[a]-1): all must be below rotary_dim/2.
+        for (int64_t a = 1; a <= 2; ++a)
+            if (a + 3 * (sections[size_t(a)] - 1) >= pairs)
+                fail("multi_axis.sections[" + std::to_string(a) + "]", sections[size_t(a)],
+                     "too large for mrope-interleaved: its pairs " + std::to_string(a) + ", " + std::to_string(a + 3) +
+                         ", ... would pass rotary_dim/2 = " + std::to_string(pairs));
+    }
+    if (assignment == AxisAssignment::axial && scaling != ScalingType::none)
+        fail("scaling.type", scaling_type_name(scaling),
+             "must be default with axial RoPE (its frequencies restart on each axis)");
+}
+
 }  // namespace
 
 void validate(const RopeConfig& config) {
@@ -109,6 +149,7 @@ void validate(const RopeConfig& config) {
     if (!std::isfinite(config.base)) fail("base", config.base, "must be finite");
     if (config.base <= 0.0) fail("base", config.base, "must be > 0");
     validate_scaling(config.scaling, rotary_dim, config.base);
+    validate_multi_axis(config.multi_axis, rotary_dim, config.scaling.type);
 }
 
 }  // namespace rope

@@ -12,6 +12,7 @@
 #include <numbers>
 #include <vector>
 
+#include "rope/detail/plan.hpp"
 #include "rope/frequency_table.hpp"
 
 namespace rope {
@@ -101,13 +102,43 @@ double longrope_attention_factor(const Scaling& scaling) {
     return std::sqrt(1.0 + std::log(scaling.factor) / std::log(double(scaling.original_max_position_embeddings)));
 }
 
+// The axis of every pair (RopeConfig::multi_axis), and for axial RoPE the
+// index of the pair within its axis, where the frequency index restarts.
+struct PairAxes {
+    std::vector<uint8_t> axis;
+    std::vector<int64_t> index_in_axis;
+};
+
+PairAxes pair_axes(const MultiAxis& multi_axis, int64_t pairs) {
+    PairAxes result{std::vector<uint8_t>(size_t(pairs), 0), std::vector<int64_t>(size_t(pairs), 0)};
+    const auto& sections = multi_axis.sections;
+    for (int64_t i = 0; i < pairs; ++i) {
+        int64_t axis = 0;
+        if (multi_axis.assignment == AxisAssignment::mrope_interleaved) {
+            // Qwen3-VL: height takes pairs 1, 4, 7, ... and width 2, 5, 8, ..., each for
+            // its section's count; every other pair stays temporal.
+            if (i % 3 == 1 && i < 3 * sections[1]) axis = 1;
+            else if (i % 3 == 2 && i < 3 * sections[2]) axis = 2;
+        } else if (multi_axis.assignment != AxisAssignment::single) {
+            // Contiguous runs: sections[0] pairs, then sections[1], ...
+            int64_t first = 0;
+            while (i >= first + sections[size_t(axis)]) first += sections[size_t(axis++)];
+            result.index_in_axis[size_t(i)] = i - first;
+        }
+        result.axis[size_t(i)] = uint8_t(axis);
+    }
+    return result;
+}
+
 }  // namespace
 
-FrequencyTable make_frequency_table(const RopeConfig& config, int64_t max_position) {
-    validate(config);
+namespace detail {
+
+FrequencyTable build_frequency_table(const RopeConfig& config, int64_t max_position) {
     const Scaling& scaling = config.scaling;
     const int64_t rotary_dim = config.effective_rotary_dim();
     const int64_t pairs = rotary_dim / 2;
+    const PairAxes axes = pair_axes(config.multi_axis, pairs);
 
     const double base = scaling.type == ScalingType::dynamic
                             ? dynamic_base(config.base, scaling, rotary_dim, max_position)
@@ -116,7 +147,12 @@ FrequencyTable make_frequency_table(const RopeConfig& config, int64_t max_positi
     for (int64_t i = 0; i < pairs; ++i) {
         // theta_i = base^(-2i/d), each computed directly in double: building it by
         // repeated multiplication would accumulate rounding error across pairs.
-        theta[static_cast<size_t>(i)] = std::pow(base, -2.0 * double(i) / double(rotary_dim));
+        // Axial RoPE is one such RoPE per axis, over that axis's 2*sections[a]
+        // features: the index and the dimension are the axis's own.
+        const bool axial = config.multi_axis.assignment == AxisAssignment::axial;
+        const double index = axial ? double(axes.index_in_axis[size_t(i)]) : double(i);
+        const double dim = axial ? 2.0 * double(config.multi_axis.sections[axes.axis[size_t(i)]]) : double(rotary_dim);
+        theta[static_cast<size_t>(i)] = std::pow(base, -2.0 * index / dim);
     }
 
     double attention_factor = 1.0;
@@ -147,18 +183,25 @@ FrequencyTable make_frequency_table(const RopeConfig& config, int64_t max_positi
 
     FrequencyTable table;
     table.inv_freq.resize(theta.size());
-    table.inv_freq_exact.resize(theta.size());
+    table.inv_freq_low.resize(theta.size());
     for (size_t i = 0; i < theta.size(); ++i) {
         table.inv_freq[i] = static_cast<float>(theta[i]);
         // The precise mode's theta_i is float32 + float32 (about 48 significant
-        // bits, 4e-15 relative): exactly representable in double, and it can
-        // travel to a GPU as two float tables, so every backend uses the
+        // bits, 4e-15 relative): exactly representable in double, and it
+        // travels to a GPU as two float tables, so every backend uses the
         // bit-identical double.
-        const float low = static_cast<float>(theta[i] - double(table.inv_freq[i]));
-        table.inv_freq_exact[i] = double(table.inv_freq[i]) + double(low);
+        table.inv_freq_low[i] = static_cast<float>(theta[i] - double(table.inv_freq[i]));
     }
+    table.pair_axis = axes.axis;
     table.attention_factor = static_cast<float>(attention_factor);
     return table;
+}
+
+}  // namespace detail
+
+FrequencyTable make_frequency_table(const RopeConfig& config, int64_t max_position) {
+    validate(config);
+    return detail::build_frequency_table(config, max_position);
 }
 
 }  // namespace rope

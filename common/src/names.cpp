@@ -20,4 +20,21 @@ Style parse_style(std::string_view name) {
     fail("style", std::string(name), "expected neox (half-split) or gptj (interleaved)");
 }
 
+std::string_view axis_assignment_name(AxisAssignment assignment) {
+    switch (assignment) {
+        case AxisAssignment::single: return "single";
+        case AxisAssignment::mrope_contiguous: return "mrope";
+        case AxisAssignment::mrope_interleaved: return "mrope-interleaved";
+        case AxisAssignment::axial: return "axial";
+    }
+    return "unknown";
+}
+
+AxisAssignment parse_axis_assignment(std::string_view name) {
+    for (AxisAssignment assignment : {AxisAssignment::single, AxisAssignment::mrope_contiguous,
+                                      AxisAssignment::mrope_interleaved, AxisAssignment::axial})
+        if (name == axis_assignment_name(assignment)) return assignment;
+    fail("multi_axis.assignment", std::string(name), "expected single, mrope, mrope-interleaved or axial");
+}
+
 }  // namespace rope

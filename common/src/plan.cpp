@@ -9,7 +9,7 @@
 #include <string>
 
 #include "rope/error.hpp"
-#include "rope/plan.hpp"
+#include "rope/detail/plan.hpp"
 
 namespace rope {
 namespace {
@@ -29,6 +29,8 @@ void check_view(const std::string& name, const TensorView& view, DType dtype, De
         const std::string stride_name = name + ".strides[" + std::to_string(axis) + "]";
         if (view.strides[axis] < 0) fail(stride_name, view.strides[axis], "strides must be >= 0");
     }
+    if (view.layout == Layout::thd && view.shape[3] != 1)
+        fail(name + ".shape[3]", view.shape[3], "must be 1 for a thd view ([total_tokens, heads, head_dim])");
     if (view.numel() == 0) return;  // An empty view may have any pointer, device or dtype.
     if (view.data == nullptr) fail(name + ".data", "null", "a non-empty tensor needs memory");
     if (view.device != device)
@@ -71,10 +73,20 @@ Extent extent_of(const TensorView& view) {
     return {begin, begin + static_cast<uintptr_t>((last + 1) * dtype_size(view.dtype))};
 }
 
-bool overlaps(const TensorView& a, const TensorView& b) {
-    const Extent x = extent_of(a), y = extent_of(b);
+// Byte range of a caller's cos/sin table (empty when there is none or it is malformed;
+// check_table names those).
+Extent extent_of(const CosSinCache& cache) {
+    if (cache.data == nullptr || cache.rows <= 0 || cache.cols <= 0) return {};
+    const int64_t row_stride = std::max(cache.row_stride, cache.cols);
+    const auto begin = reinterpret_cast<uintptr_t>(cache.data);
+    return {begin, begin + static_cast<uintptr_t>(((cache.rows - 1) * row_stride + cache.cols) * 4)};
+}
+
+bool overlaps(const Extent& x, const Extent& y) {
     return x.begin < x.end && y.begin < y.end && x.begin < y.end && y.begin < x.end;
 }
+
+bool overlaps(const TensorView& a, const TensorView& b) { return overlaps(extent_of(a), extent_of(b)); }
 
 // In place means the output is exactly the input: same memory, same element for each index.
 bool same_elements(const TensorView& a, const TensorView& b) {
@@ -104,6 +116,9 @@ void check_aliasing(const RopeArgs& args) {
                      std::string("partially aliases ") + other.name +
                          " (outputs must be their own input exactly, or not overlap at all)");
         }
+        if (overlaps(extent_of(*outputs[o].view), extent_of(args.cos_sin_cache)))
+            fail(std::string(outputs[o].name) + ".data", outputs[o].view->data,
+                 "overlaps cos_sin_cache (the table is read while outputs are written)");
     }
 }
 
@@ -126,42 +141,150 @@ void check_same_sizes(const std::string& name, const Geometry& got, const std::s
 // Scaling types whose frequencies depend on how long the sequence is.
 bool length_dependent(ScalingType type) { return type == ScalingType::dynamic || type == ScalingType::longrope; }
 
-PositionSource check_positions(const Positions& positions, int64_t batch, int64_t seq, Device device,
-                               ScalingType scaling, int64_t& max_position) {
+void check_device(const std::string& name, Device got, Device device) {
+    if (got != device)
+        fail(name, device_name(got), "this backend runs on " + std::string(device_name(device)));
+}
+
+// What check_positions learns about the call's positions.
+struct PositionFacts {
     PositionSource source;
-    if (positions.ids == nullptr) {
-        if (positions.offset < 0) fail("positions.offset", positions.offset, "must be >= 0");
-        source.offset = positions.offset;
-        max_position = positions.offset + seq;
-        return source;
-    }
+    int64_t max_position = 0;  // For length-dependent scaling: HF's max(position_ids) + 1.
+    int64_t largest = -1;      // Largest position when rope can see every one (host arrays, offsets), else -1.
+};
+
+// Explicit ids: [axes, rows, length], int64.
+void check_ids(const Positions& positions, int64_t batch, int64_t seq, int64_t config_axes, PositionFacts& facts) {
+    if (positions.axes != config_axes)
+        fail("positions.axes", positions.axes,
+             "must equal the config's position axes = " + std::to_string(config_axes) +
+                 (config_axes == 1 ? " (multi_axis.assignment single)" : " (multi_axis.sections.size())"));
     if (positions.rows != 1 && positions.rows != batch)
         fail("positions.rows", positions.rows, "must be 1 or batch = " + std::to_string(batch));
-    if (positions.length != seq)
-        fail("positions.length", positions.length, "must equal seq = " + std::to_string(seq));
-    if (positions.device != device)
-        fail("positions.device", device_name(positions.device),
-             "this backend runs on " + std::string(device_name(device)));
-    max_position = seq;
-    if (positions.device != Device::host) {
+    if (positions.length != seq) fail("positions.length", positions.length, "must equal seq = " + std::to_string(seq));
+    if (positions.cp_size != 1)
+        fail("positions.cp_size", positions.cp_size,
+             "must be 1 with explicit ids (ids are global positions already: pass this shard's ids)");
+    facts.source.ids = positions.ids;
+    facts.source.axis_stride = positions.rows * positions.length;
+    facts.source.row_stride = positions.rows == 1 ? 0 : seq;
+    facts.max_position = seq;
+    if (positions.device != Device::host) return;
+    // Device-resident ids cannot be inspected without a copy; host ids are checked.
+    for (int64_t i = 0; i < positions.axes * positions.rows * positions.length; ++i) {
+        if (positions.ids[i] < 0) fail("positions.ids[" + std::to_string(i) + "]", positions.ids[i], "must be >= 0");
+        facts.largest = std::max(facts.largest, positions.ids[i]);
+    }
+    facts.max_position = std::max(facts.max_position, facts.largest + 1);
+}
+
+// Packed sequences: cu_seqlens [sequences + 1] over the seq axis of a batch-1 tensor.
+void check_packed(const Positions& positions, int64_t batch, int64_t seq, PositionFacts& facts) {
+    if (positions.ids != nullptr)
+        fail("positions.ids", "set", "must be null with cu_seqlens (packed ids are one row of ids: use ids alone)");
+    if (batch != 1)
+        fail("batch", batch, "must be 1 with cu_seqlens (a thd tensor, or a bshd/bhsd view of one packed row)");
+    if (positions.sequences < 1) fail("positions.sequences", positions.sequences, "must be >= 1 with cu_seqlens");
+    facts.source.cu_seqlens = positions.cu_seqlens;
+    facts.source.starts = positions.starts;
+    facts.source.sequences = positions.sequences;
+    if (positions.device != Device::host) return;
+    const int64_t* cu = positions.cu_seqlens;
+    if (cu[0] != 0) fail("positions.cu_seqlens[0]", cu[0], "must be 0");
+    for (int64_t b = 0; b < positions.sequences; ++b) {
+        const int64_t length = cu[b + 1] - cu[b];
+        const std::string entry = "positions.cu_seqlens[" + std::to_string(b + 1) + "]";
+        if (length < 0)
+            fail(entry, cu[b + 1], "must be >= cu_seqlens[" + std::to_string(b) + "] = " + std::to_string(cu[b]) +
+                                       " (non-decreasing)");
+        if (cu[b + 1] > seq) fail(entry, cu[b + 1], "must be <= total tokens = " + std::to_string(seq));
+        if (positions.cp_size > 1 && length % 2 != 0)
+            fail("sequence " + std::to_string(b) + " length", length,
+                 "must be even with cp_size > 1 (this rank holds two equal chunks of it)");
+        const int64_t start = positions.starts != nullptr ? positions.starts[b] : positions.offset;
+        if (positions.starts != nullptr && start < 0)
+            fail("positions.starts[" + std::to_string(b) + "]", start, "must be >= 0");
+        if (length == 0) continue;
+        // The unsharded sequence is cp_size times as long: its last position is what HF's max sees.
+        facts.max_position = std::max(facts.max_position, start + length * positions.cp_size);
+        facts.largest = std::max(facts.largest, start + length * positions.cp_size - 1);
+    }
+    if (cu[positions.sequences] != seq)
+        fail("positions.cu_seqlens[" + std::to_string(positions.sequences) + "]", cu[positions.sequences],
+             "must equal total tokens = " + std::to_string(seq));
+}
+
+PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t seq, Device device,
+                              const RopeConfig& config) {
+    PositionFacts facts;
+    facts.source.seq = seq;
+    const int64_t config_axes = config.multi_axis.axes();
+    if (positions.cp_size < 1) fail("positions.cp_size", positions.cp_size, "must be >= 1");
+    if (positions.cp_rank < 0 || positions.cp_rank >= positions.cp_size)
+        fail("positions.cp_rank", positions.cp_rank,
+             "must be in [0, cp_size) = [0, " + std::to_string(positions.cp_size) + ")");
+    facts.source.cp_size = positions.cp_size;
+    facts.source.cp_rank = positions.cp_rank;
+    if (positions.offset < 0) fail("positions.offset", positions.offset, "must be >= 0");
+    facts.source.offset = positions.offset;
+    if (positions.ids == nullptr && positions.axes != 1)
+        fail("positions.axes", positions.axes, "must be 1 without ids (only explicit ids have several rows)");
+    if (positions.ids == nullptr && config.multi_axis.assignment == AxisAssignment::axial)
+        fail("positions.ids", "null",
+             "axial RoPE needs explicit coordinates (ids with " + std::to_string(config_axes) + " axis rows)");
+    if (positions.cu_seqlens == nullptr && positions.sequences != 0)
+        fail("positions.sequences", positions.sequences, "must be 0 without cu_seqlens");
+    if (positions.cu_seqlens == nullptr && positions.starts != nullptr)
+        fail("positions.starts", "set", "is only read with cu_seqlens (packed sequences)");
+
+    const bool arrays = positions.ids != nullptr || positions.cu_seqlens != nullptr;
+    if (arrays) check_device("positions.device", positions.device, device);
+    if (positions.ids != nullptr) {
+        check_ids(positions, batch, seq, config_axes, facts);
+    } else if (positions.cu_seqlens != nullptr) {
+        check_packed(positions, batch, seq, facts);
+    } else {
+        if (positions.cp_size > 1 && seq % 2 != 0)
+            fail("seq", seq, "must be even with cp_size > 1 (this rank holds two equal chunks of each sequence)");
+        // The unsharded sequence is cp_size times as long.
+        facts.max_position = positions.offset + seq * positions.cp_size;
+        facts.largest = seq > 0 ? facts.max_position - 1 : -1;
+    }
+    if (arrays && positions.device != Device::host) {
         if (positions.max_position < 0)
             fail("positions.max_position", positions.max_position, "must be >= 0 (0 means unknown)");
-        if (length_dependent(scaling) && positions.max_position == 0)
+        if (length_dependent(config.scaling.type) && positions.max_position == 0)
             fail("positions.max_position", positions.max_position,
-                 std::string("must be given (largest id + 1) for device-resident ids with scaling type ") +
-                     std::string(scaling_type_name(scaling)) + ", whose frequencies depend on the length");
-        max_position = std::max(seq, positions.max_position);
+                 std::string("must be given (largest position + 1) for device-resident positions with scaling type ") +
+                     std::string(scaling_type_name(config.scaling.type)) + ", whose frequencies depend on the length");
+        facts.max_position = std::max(std::max(seq, facts.max_position), positions.max_position);
     }
-    if (positions.device == Device::host) {
-        // Device-resident ids cannot be inspected without a copy; host ids are checked.
-        for (int64_t i = 0; i < positions.rows * positions.length; ++i) {
-            if (positions.ids[i] < 0) fail("positions.ids[" + std::to_string(i) + "]", positions.ids[i], "must be >= 0");
-            max_position = std::max(max_position, positions.ids[i] + 1);
-        }
-    }
-    source.ids = positions.ids;
-    source.row_stride = positions.rows == 1 ? 0 : seq;
-    return source;
+    return facts;
+}
+
+// A caller's cos/sin table: float32 [rows, rotary_dim] on the backend's device.
+CosSinTable check_table(const CosSinCache& cache, const RopeConfig& config, int64_t rotary_dim, Device device,
+                        int64_t largest) {
+    if (cache.data == nullptr) return {};
+    if (cache.dtype != DType::f32)
+        fail("cos_sin_cache.dtype", dtype_name(cache.dtype), "must be fp32 (fp16/bf16 tables lose accuracy)");
+    check_device("cos_sin_cache.device", cache.device, device);
+    if (cache.rows <= 0) fail("cos_sin_cache.rows", cache.rows, "must be > 0");
+    if (cache.cols != rotary_dim)
+        fail("cos_sin_cache.cols", cache.cols,
+             "must equal rotary_dim = " + std::to_string(rotary_dim) + " (cos of each pair, then sin of each pair)");
+    const int64_t row_stride = cache.row_stride == 0 ? cache.cols : cache.row_stride;
+    if (row_stride < cache.cols)
+        fail("cos_sin_cache.row_stride", cache.row_stride, "must be >= cols = " + std::to_string(cache.cols) + " (or 0)");
+    if (config.scaling.type != ScalingType::none)
+        fail("scaling.type", scaling_type_name(config.scaling.type),
+             "must be default with cos_sin_cache (the table replaces the frequency computation)");
+    if (config.precise_angles)
+        fail("precise_angles", "true", "has no effect with cos_sin_cache (the table replaces the angle computation)");
+    if (largest >= cache.rows)
+        fail("positions", "largest " + std::to_string(largest),
+             "must be < cos_sin_cache.rows = " + std::to_string(cache.rows) + " (the table has no row for it)");
+    return CosSinTable{static_cast<const float*>(cache.data), cache.rows, row_stride, rotary_dim / 2};
 }
 
 }  // namespace
@@ -187,22 +310,34 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device) {
     check_no_self_overlap("k_out", args.k_out);
     check_aliasing(args);
 
+    const int64_t rotary_dim = config.effective_rotary_dim();
+    const PositionFacts facts = check_positions(args.positions, q.batch, q.seq, device, config);
+    const CosSinTable table = check_table(args.cos_sin_cache, config, rotary_dim, device, facts.largest);
+
     Plan plan;
-    int64_t max_position = 0;
-    plan.positions = check_positions(args.positions, q.batch, q.seq, device, config.scaling.type, max_position);
     plan.style = config.style;
-    plan.direction = args.direction;
     plan.dtype = dtype;
     plan.device = device;
     plan.batch = q.batch;
     plan.seq = q.seq;
     plan.head_dim = q.head_dim;
-    plan.rotary_dim = config.effective_rotary_dim();
-    plan.pairs = plan.rotary_dim / 2;
+    plan.rotary_dim = rotary_dim;
+    plan.pairs = rotary_dim / 2;
+    plan.axes = config.multi_axis.axes();
     plan.q = Operand{args.q.data, args.q_out.data, q, args.q_out.geometry()};
     plan.k = Operand{args.k.data, args.k_out.data, k, args.k_out.geometry()};
-    plan.frequencies = make_frequency_table(config, max_position);
-    plan.precise_angles = config.precise_angles;
+    plan.positions = facts.source;
+
+    FrequencyTable frequencies = detail::build_frequency_table(config, facts.max_position);
+    plan.angles.inv_freq = std::move(frequencies.inv_freq);
+    plan.angles.inv_freq_low = std::move(frequencies.inv_freq_low);
+    plan.angles.pair_axis = std::move(frequencies.pair_axis);
+    plan.angles.precise = config.precise_angles;
+    plan.angles.table = table;
+    // A caller's table already holds any attention factor; the inverse negates sin either way.
+    const float scale = table.data != nullptr ? 1.0f : frequencies.attention_factor;
+    plan.angles.cos_scale = scale;
+    plan.angles.sin_scale = (args.direction == Direction::forward ? 1.0f : -1.0f) * scale;
     plan.stream = args.stream;
     return plan;
 }

@@ -4,8 +4,9 @@
 #include <functional>
 #include <string>
 
-#include "backend_factories.hpp"
-#include "rope/buffer.hpp"
+#include "rope/detail/backend_factories.hpp"
+#include "rope/detail/plan.hpp"
+#include "rope/device.hpp"
 #include "rope/error.hpp"
 
 namespace rope {
@@ -78,10 +79,17 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
     fail("backend", std::string(name), "unknown; known backends: " + known_names());
 }
 
+// The one check of whether @p backend can run @p plan, against the limits it declares.
+void check_supported(const Backend& backend, const Plan& plan) {
+    const BackendLimits limits = backend.limits();
+    if (plan.rotary_dim > limits.max_rotary_dim)
+        fail("rotary_dim", plan.rotary_dim,
+             backend.name() + " accepts rotary_dim <= " + std::to_string(limits.max_rotary_dim));
+}
+
 void apply(Backend& backend, const RopeConfig& config, const RopeArgs& args) {
     const Plan plan = make_plan(config, args, backend.device());
-    if (plan.precise_angles && !backend.supports_precise_angles())
-        fail("precise_angles", "true", backend.name() + " does not implement the precise-angle mode yet");
+    check_supported(backend, plan);
     if (plan.empty()) return;  // An empty tensor is a valid no-op.
     backend.run(plan);
 }

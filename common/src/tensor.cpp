@@ -1,4 +1,7 @@
 // TensorView helpers: dense strides and the layout-independent Geometry.
+#include <string>
+
+#include "rope/error.hpp"
 #include "rope/tensor.hpp"
 
 namespace rope {
@@ -15,7 +18,30 @@ TensorView TensorView::contiguous(void* data, DType dtype, Device device, Layout
     return view;
 }
 
+TensorView TensorView::packed(void* data, DType dtype, Device device, std::array<int64_t, 3> shape) {
+    return contiguous(data, dtype, device, Layout::thd, {shape[0], shape[1], shape[2], 1});
+}
+
+Layout parse_layout(std::string_view name) {
+    for (Layout layout : {Layout::bhsd, Layout::bshd, Layout::thd})
+        if (name == layout_name(layout)) return layout;
+    fail("layout", std::string(name), "expected bhsd, bshd or thd");
+}
+
 Geometry TensorView::geometry() const {
+    if (layout == Layout::thd) {
+        // Packed tokens are one long sequence: batch 1, seq = total_tokens.
+        Geometry g;
+        g.batch = 1;
+        g.seq = shape[0];
+        g.heads = shape[1];
+        g.head_dim = shape[2];
+        g.stride_batch = 0;
+        g.stride_seq = strides[0];
+        g.stride_head = strides[1];
+        g.stride_dim = strides[2];
+        return g;
+    }
     // Axis positions of (heads, seq) depend on the layout; batch and dim never move.
     const int head_axis = layout == Layout::bhsd ? 1 : 2;
     const int seq_axis = layout == Layout::bhsd ? 2 : 1;

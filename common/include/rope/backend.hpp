@@ -2,14 +2,27 @@
 /// @file backend.hpp
 /// @brief The backend interface, the registry that creates backends by name, and rope::apply.
 
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "rope/plan.hpp"
+#include "rope/args.hpp"
+#include "rope/config.hpp"
+#include "rope/tensor.hpp"
 
 namespace rope {
+
+struct Plan;  // A validated call (rope/detail/plan.hpp): what backends run, built by rope::apply().
+
+/// @brief What a backend can run, declared once; rope::apply() checks every call against it.
+struct BackendLimits {
+    /// Largest rotary_dim the backend accepts (the CUDA backends carry the
+    /// frequency table inside their kernel parameters, which have a fixed size).
+    int64_t max_rotary_dim = std::numeric_limits<int64_t>::max();
+};
 
 /// @brief Options for creating a backend.
 struct BackendOptions {
@@ -22,6 +35,10 @@ struct BackendOptions {
 ///
 /// A backend only runs validated Plans; rope::apply() does the validation, so
 /// all backends reject bad input in exactly the same way.
+///
+/// Concurrency: every built-in backend object may be called from several
+/// threads at once (it keeps no state between calls that another call could
+/// disturb); the registry functions may be called concurrently too.
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -31,11 +48,9 @@ public:
     /// @brief Where this backend expects q, k, outputs and position ids to live.
     /// @return Device::host for CPU backends, Device::cuda for CUDA backends.
     virtual Device device() const = 0;
-    /// @brief Whether this backend implements RopeConfig::precise_angles.
-    /// @return true unless the backend overrides it; apply() rejects the
-    /// precise mode on a backend that returns false, rather than silently
-    /// computing the default float32 angles.
-    virtual bool supports_precise_angles() const { return true; }
+    /// @brief What this backend can run; apply() refuses, naming the parameter, any call beyond it.
+    /// @return the backend's limits (none, unless it overrides this).
+    virtual BackendLimits limits() const { return {}; }
     /// @brief Executes @p plan. Device backends enqueue on plan.stream and return
     /// without synchronising.
     /// @param plan a validated, non-empty call, built by make_plan() for this backend's device().

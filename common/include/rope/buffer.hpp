@@ -3,7 +3,6 @@
 /// @brief An owning block of host or CUDA memory, for tests, tutorials and tools.
 
 #include <cstddef>
-#include <string>
 
 #include "rope/tensor.hpp"
 
@@ -59,18 +58,5 @@ private:
     std::size_t bytes_ = 0;
     Device device_ = Device::host;
 };
-
-/// @brief Number of CUDA devices usable here.
-/// @return the CUDA device count (0 in a build without CUDA or on a machine without a GPU).
-int cuda_device_count();
-
-/// @brief Why CUDA is unusable here.
-/// @return the reason ("built without CUDA ...", "no CUDA device ..."), or "" if CUDA is usable.
-std::string cuda_unavailable_reason();
-
-/// @brief Blocks until all work on the current CUDA device has finished (no-op in a build
-/// without CUDA or on a machine without a CUDA device).
-/// @throws rope::Error if the device reports an error (e.g. from an earlier asynchronous launch).
-void cuda_synchronize();
 
 }  // namespace rope

@@ -134,6 +134,61 @@ struct Scaling {
     std::vector<double> long_factor{};
 };
 
+/// @brief Most position axes a configuration may have (M-RoPE uses 3; video axial RoPE 3).
+inline constexpr int64_t kMaxPositionAxes = 4;
+
+/// @brief How the rotated pairs are shared among several position axes.
+///
+/// With several axes a token has one position per axis (Positions::axes), and
+/// each pair i turns by the position of its own axis. The frequencies are
+/// always computed in common/ (FrequencyTable::pair_axis records the axis of
+/// each pair), so every backend supports every assignment.
+enum class AxisAssignment {
+    /// One position per token: text RoPE (the default).
+    single,
+    /// M-RoPE with contiguous sections (Qwen2-VL, Qwen2.5-VL; HF
+    /// `apply_multimodal_rotary_pos_emb`): the first sections[0] pairs turn
+    /// with the temporal position, the next sections[1] with the height, the
+    /// last sections[2] with the width. theta_i uses the global pair index i.
+    mrope_contiguous,
+    /// M-RoPE with interleaved sections (Qwen3-VL; HF `apply_interleaved_mrope`):
+    /// pair i turns with the height if i % 3 == 1 and i < 3*sections[1], with
+    /// the width if i % 3 == 2 and i < 3*sections[2], else with the temporal
+    /// position. theta_i uses the global pair index i.
+    mrope_interleaved,
+    /// Axial RoPE (vision: HF's `axial` rope type, Qwen2-VL's vision tower;
+    /// image and video diffusion models): contiguous runs of sections[a] pairs
+    /// per axis a, and the frequency index restarts on each axis:
+    /// theta = base^(-j / sections[a]) for the j-th pair of axis a, i.e. each
+    /// axis is a RoPE of its own over 2*sections[a] features.
+    axial,
+};
+
+/// @brief Name of an axis assignment, as used on command lines.
+/// @param assignment the assignment to name.
+/// @return "single", "mrope", "mrope-interleaved" or "axial".
+std::string_view axis_assignment_name(AxisAssignment assignment);
+
+/// @brief Parses an axis assignment name.
+/// @param name "single", "mrope", "mrope-interleaved" or "axial".
+/// @return the matching AxisAssignment.
+/// @throws rope::Error for any other name.
+AxisAssignment parse_axis_assignment(std::string_view name);
+
+/// @brief Several position axes (M-RoPE, axial RoPE): which pair turns with which axis.
+struct MultiAxis {
+    AxisAssignment assignment = AxisAssignment::single;  ///< How pairs map to axes.
+    /// Pairs per axis (HF's `mrope_section`, e.g. {16, 24, 24} for Qwen2-VL,
+    /// {24, 20, 20} for Qwen3-VL; axial: e.g. {20, 20} for Qwen2-VL's vision
+    /// head_dim 80, {8, 28, 28} for axes dims (16, 56, 56)). Must sum to
+    /// rotary_dim/2; M-RoPE takes exactly 3; empty for single.
+    std::vector<int64_t> sections{};
+
+    /// @brief Axes a token has under this assignment.
+    /// @return 1 for single, else the number of sections.
+    int64_t axes() const { return assignment == AxisAssignment::single ? 1 : int64_t(sections.size()); }
+};
+
 /// @brief Everything about a model's RoPE that does not depend on the call.
 struct RopeConfig {
     int64_t head_dim = 0;       ///< Features per head (the last axis of q and k).
@@ -153,6 +208,8 @@ struct RopeConfig {
     /// backend implements it, with the same angle bit for bit; a backend that
     /// does not is refused by rope::apply() (Backend::supports_precise_angles).
     bool precise_angles = false;
+    /// Several position axes (M-RoPE, axial vision RoPE); the default is one.
+    MultiAxis multi_axis{};
 
     /// @brief rotary_dim with the "0 means head_dim" default resolved.
     /// @return head_dim when rotary_dim is 0, else rotary_dim.
@@ -167,7 +224,9 @@ struct RopeConfig {
 /// original_max_position_embeddings <= 0, beta_fast <= beta_slow,
 /// low_freq_factor >= high_freq_factor, a factor list whose length is not
 /// rotary_dim/2), or set for a type that does not read it (attention_factor,
-/// short_factor, long_factor).
+/// short_factor, long_factor); multi_axis sections of the wrong count or sum,
+/// not positive, or (interleaved M-RoPE) too long to fit their stride of 3;
+/// scaling with axial RoPE.
 void validate(const RopeConfig& config);
 
 }  // namespace rope

@@ -13,17 +13,20 @@
 /// rope::apply(*backend, config, rope::RopeArgs::in_place(q, k));
 /// @endcode
 
+#include "rope/args.hpp"
 #include "rope/backend.hpp"
 #include "rope/buffer.hpp"
 #include "rope/config.hpp"
+#include "rope/device.hpp"
 #include "rope/dtype.hpp"
 #include "rope/error.hpp"
 #include "rope/frequency_table.hpp"
-#include "rope/pair_in_memory.hpp"
-#include "rope/plan.hpp"
 #include "rope/positions.hpp"
 #include "rope/rotation.hpp"
 #include "rope/tensor.hpp"
+
+// What only a backend author needs (the Plan, the shared pair step, the
+// backend factories) lives in rope/detail/ and is not included here.
 
 /// @brief Rotary Position Embedding: the interface shared by every backend.
 ///

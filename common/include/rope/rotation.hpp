@@ -46,18 +46,21 @@ ROPE_HOST_DEVICE inline float rope_angle(int64_t position, float inv_freq) {
 
 /// @brief The precise mode's angle of pair i at @p position (RopeConfig::precise_angles).
 ///
-/// The product is formed in double from a double theta_i (relative error
-/// about 1e-16, so 4e-10 radians even at position 4M), then reduced to
-/// [-pi, pi] in double, and only then rounded to float32: sin and cos of a
-/// float in [-pi, pi] are accurate to about 1e-7, whatever the position was.
-/// The float32 default cannot do this: float32(position) * theta_i is
-/// already wrong by up to position * 6e-8 radians before any sin is taken.
+/// theta_i is taken to about 48 bits, as the double sum of its float32 value
+/// and its float32 low part (FrequencyTable::inv_freq_low); the product with
+/// the position is formed in double (relative error about 1e-16, so 4e-10
+/// radians even at position 4M), reduced to [-pi, pi] in double, and only
+/// then rounded to float32: sin and cos of a float in [-pi, pi] are accurate
+/// to about 1e-7, whatever the position was. The float32 default cannot do
+/// this: float32(position) * theta_i is already wrong by up to
+/// position * 6e-8 radians before any sin is taken.
 /// @param position the token's position id.
-/// @param inv_freq_exact theta_i of the pair, in double (FrequencyTable::inv_freq_exact).
+/// @param inv_freq theta_i of the pair, rounded to float32.
+/// @param inv_freq_low theta_i - inv_freq, rounded to float32.
 /// @return the angle reduced to [-pi, pi], in radians, rounded to float32.
-ROPE_HOST_DEVICE inline float rope_angle_precise(int64_t position, double inv_freq_exact) {
+ROPE_HOST_DEVICE inline float rope_angle_precise(int64_t position, float inv_freq, float inv_freq_low) {
     const double two_pi = 6.283185307179586;
-    const double angle = static_cast<double>(position) * inv_freq_exact;
+    const double angle = static_cast<double>(position) * (double(inv_freq) + double(inv_freq_low));
     const double turns = rint(angle / two_pi);  // whole turns to remove
     // One fused multiply-add, written out: a compiler may fuse `angle - turns * two_pi`
     // on one processor and not on another, and every backend must get the same bits.
@@ -67,11 +70,11 @@ ROPE_HOST_DEVICE inline float rope_angle_precise(int64_t position, double inv_fr
 /// @brief The angle every backend uses: rope_angle by default, rope_angle_precise when @p precise.
 /// @param precise RopeConfig::precise_angles.
 /// @param position the token's position id.
-/// @param inv_freq theta_i in float32 (used when not precise).
-/// @param inv_freq_exact theta_i in double (used when precise).
+/// @param inv_freq theta_i rounded to float32.
+/// @param inv_freq_low theta_i - inv_freq in float32 (read only when precise).
 /// @return the rotation angle of the pair, in radians.
-ROPE_HOST_DEVICE inline float pair_angle(bool precise, int64_t position, float inv_freq, double inv_freq_exact) {
-    return precise ? rope_angle_precise(position, inv_freq_exact) : rope_angle(position, inv_freq);
+ROPE_HOST_DEVICE inline float pair_angle(bool precise, int64_t position, float inv_freq, float inv_freq_low) {
+    return precise ? rope_angle_precise(position, inv_freq, inv_freq_low) : rope_angle(position, inv_freq);
 }
 
 /// @brief Rotates (x, y) by the angle whose scaled cosine and sine are given.

@@ -21,16 +21,29 @@ enum class Device {
 /// @return "host" or "cuda".
 constexpr std::string_view device_name(Device device) { return device == Device::host ? "host" : "cuda"; }
 
-/// @brief Order of the four axes of a q or k tensor in memory.
+/// @brief Order of the axes of a q or k tensor in memory.
 enum class Layout {
     bhsd,  ///< [batch, heads, seq, head_dim]: HuggingFace's layout after the transpose.
     bshd,  ///< [batch, seq, heads, head_dim]: the layout straight out of the q/k projection.
+    /// [total_tokens, heads, head_dim]: packed (varlen) sequences, concatenated
+    /// token after token, their boundaries given by Positions::cu_seqlens. A
+    /// 3-D view: shape[3] is 1 (TensorView::packed sets it). rope treats it as
+    /// one sequence of total_tokens tokens (batch 1).
+    thd,
 };
 
 /// @brief Name of a layout, for messages and command lines.
 /// @param layout the layout to name.
-/// @return "bhsd" or "bshd".
-constexpr std::string_view layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
+/// @return "bhsd", "bshd" or "thd".
+constexpr std::string_view layout_name(Layout layout) {
+    return layout == Layout::bhsd ? "bhsd" : layout == Layout::bshd ? "bshd" : "thd";
+}
+
+/// @brief Parses a layout name.
+/// @param name "bhsd", "bshd" or "thd".
+/// @return the matching Layout.
+/// @throws rope::Error for any other name.
+Layout parse_layout(std::string_view name);
 
 /// @brief Sizes and strides of a q/k tensor in logical order (batch, heads, seq, dim),
 /// whatever its layout in memory. Strides count elements, not bytes.
@@ -58,11 +71,13 @@ struct Geometry {
     ROPE_HOST_DEVICE int64_t numel() const { return batch * heads * seq * head_dim; }
 };
 
-/// @brief A non-owning view of a 4-D q or k tensor.
+/// @brief A non-owning view of a q or k tensor: 4-D, or 3-D for packed sequences.
 ///
 /// `shape` and `strides` are given in the order the layout names: for
-/// Layout::bshd, shape = {batch, seq, heads, head_dim}. Strides are in
-/// elements and may describe padded or sliced (non-contiguous) memory.
+/// Layout::bshd, shape = {batch, seq, heads, head_dim}; for Layout::thd,
+/// shape = {total_tokens, heads, head_dim, 1} (the fourth entry is a unit axis
+/// and its stride is never used). Strides are in elements and may describe
+/// padded or sliced (non-contiguous) memory.
 struct TensorView {
     void* data = nullptr;                 ///< First element; may be null only when the view is empty.
     DType dtype = DType::f32;             ///< Storage type of the elements.
@@ -81,12 +96,20 @@ struct TensorView {
     static TensorView contiguous(void* data, DType dtype, Device device, Layout layout,
                                  std::array<int64_t, 4> shape);
 
+    /// @brief A densely packed view of packed sequences, [total_tokens, heads, head_dim] (Layout::thd).
+    /// @param data first element (may be null for an empty view).
+    /// @param dtype storage type of the elements.
+    /// @param device where @p data points.
+    /// @param shape {total_tokens, heads, head_dim}.
+    /// @return the view, with row-major strides and shape[3] = 1.
+    static TensorView packed(void* data, DType dtype, Device device, std::array<int64_t, 3> shape);
+
     /// @brief Sizes and strides re-ordered to (batch, heads, seq, dim).
     /// @return the layout-independent Geometry of this view.
     Geometry geometry() const;
 
     /// @brief Number of elements.
-    /// @return the product of the four sizes (0 for an empty view).
+    /// @return the product of the four sizes (0 for an empty view; a thd view's shape[3] is 1).
     int64_t numel() const { return shape[0] * shape[1] * shape[2] * shape[3]; }
 };
 

@@ -6,10 +6,10 @@
 // the access path and the size of the frequency table for a Plan, and launches.
 #include <memory>
 
-#include "backend_factories.hpp"
 #include "check.hpp"
+#include "rope/detail/backend_factories.hpp"
 #include "kernel_args.cuh"
-#include "optimized_kernel.cuh"
+#include "kernel.cuh"
 #include "row_access.cuh"
 
 namespace rope {
@@ -63,9 +63,8 @@ class OptimizedCudaBackend final : public Backend {
 public:
     std::string name() const override { return "cuda-optimized"; }
     Device device() const override { return Device::cuda; }
+    BackendLimits limits() const override { return cuda_limits(); }
     void run(const Plan& plan) override {
-        check_rotary_dim(plan);
-        if (plan.empty()) return;
         const DeviceInfo& device = current_device_info();
         dispatch_dtype(plan.dtype, [&](auto storage) {
             using Storage = decltype(storage);

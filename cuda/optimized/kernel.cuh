@@ -47,6 +47,7 @@
 #include "check.hpp"
 #include "fast_divisor.cuh"
 #include "kernel_args.cuh"
+#include "rope/detail/pair_step.hpp"
 #include "row_access.cuh"
 
 namespace rope::cuda_detail {
@@ -91,7 +92,8 @@ struct DeviceInfo {
 /// @brief Reads DeviceInfo for CUDA device @p device (attribute queries only: no synchronisation).
 inline DeviceInfo device_info(int device) {
     DeviceInfo info;
-    info.multiprocessors = multiprocessor_count(device);
+    check_cuda(cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
     int major = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
                "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
@@ -110,7 +112,8 @@ template <int Capacity>
 struct OptimizedArgs {
     Operand operands[2];       ///< [0] = q, [1] = k (k may have no heads).
     PositionSource positions;  ///< Offset, or device-resident ids.
-    FrequencyArgs<Capacity> freq;
+    AngleArgs<Capacity> angles;
+    int64_t axes;              ///< Position axes per token.
     Style style;
     bool slice_major;          ///< LaunchTuning::slice_major.
     int64_t seq;
@@ -216,12 +219,16 @@ __device__ inline void rotate_rows(const OptimizedArgs<Capacity>& args, const To
     // issue the first loads, and compute while they are in flight.
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
     auto compute_factors = [&] {
-        const int64_t position = args.positions.at(position_b, position_s);
+        const TokenPositions positions = token_positions(args.positions, args.axes, position_b, position_s);
 #pragma unroll
-        for (int p = 0; p < Path::kPairs; ++p)
-            rotation_factors(args.freq, position, Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
+        for (int p = 0; p < Path::kPairs; ++p) {
+            const int64_t pair = Path::pair_of(chunk, p, args.rotary_dim);
+            rotation_factors(args.angles, positions.of_axis(args.angles.pair_axis[pair]), pair, cos_angle[p], sin_angle[p]);
+        }
     };
-    if (args.positions.ids == nullptr) {
+    const bool from_memory = args.positions.ids != nullptr || args.positions.cu_seqlens != nullptr ||
+                             args.angles.table.data != nullptr;
+    if (!from_memory) {
         compute_factors();
         previous.wait();
         load_batch(current, row_begin);
@@ -378,7 +385,8 @@ void launch_optimized(const Plan& plan, const DeviceInfo& device, const LaunchTu
     args.operands[0] = plan.q;
     args.operands[1] = plan.k;
     args.positions = plan.positions;
-    args.freq = make_frequency_args<Capacity>(plan);
+    args.angles = make_angle_args<Capacity>(plan);
+    args.axes = plan.axes;
     args.style = plan.style;
     args.slice_major = tuning.slice_major;
     args.seq = plan.seq;

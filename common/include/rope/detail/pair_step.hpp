@@ -1,0 +1,121 @@
+#pragma once
+/// @file detail/pair_step.hpp
+/// @brief For backend authors: the per-token and per-pair steps every backend shares,
+/// on the CPU and on the GPU alike.
+///
+/// - token_positions: a token's position on each axis;
+/// - rotation_factors: cos and sin of one pair at one position (computed from
+///   theta_i, or read from a caller's table), scaled and signed;
+/// - rotate_pair_in_memory: read one pair where it lies, rotate it, write it.
+
+#include <cmath>
+#include <cstdint>
+
+#include "rope/config.hpp"
+#include "rope/detail/plan.hpp"
+#include "rope/dtype.hpp"
+#include "rope/host_device.hpp"
+#include "rope/rotation.hpp"
+#include "rope/tensor.hpp"
+
+namespace rope {
+
+/// @brief The positions of one token on every axis it has (one, for text RoPE).
+struct TokenPositions {
+    int64_t axis[kMaxPositionAxes];  ///< Position on axis a, for a < the plan's axes.
+
+    /// @brief The position pair i turns by, given its axis (AngleRule::pair_axis).
+    ///
+    /// A chain of selects rather than axis[index]: on a GPU a register array
+    /// indexed at run time would be moved to slow local memory.
+    /// @param index the pair's axis.
+    /// @return the token's position on that axis.
+    ROPE_HOST_DEVICE int64_t of_axis(int64_t index) const {
+        return index == 0 ? axis[0] : index == 1 ? axis[1] : index == 2 ? axis[2] : axis[3];
+    }
+};
+
+/// @brief Positions of token (b, s) on each of @p axes axes.
+/// @param source where positions come from (Plan::positions).
+/// @param axes Plan::axes.
+/// @param b sequence index.
+/// @param s token index.
+/// @return the token's positions; a one-axis source gives every axis the same position.
+ROPE_HOST_DEVICE inline TokenPositions token_positions(const PositionSource& source, int64_t axes, int64_t b,
+                                                       int64_t s) {
+    TokenPositions positions;
+    positions.axis[0] = source.at(b, s, 0);
+    const bool own_rows = source.ids != nullptr && axes > 1;  // Else every axis shares row 0.
+    for (int64_t a = 1; a < kMaxPositionAxes; ++a)
+        positions.axis[a] = own_rows && a < axes ? source.at(b, s, a) : positions.axis[0];
+    return positions;
+}
+
+/// @brief cos and sin of pair @p pair at @p position, times the call's scales.
+///
+/// Computed from the frequency table (the same pair_angle on every backend)
+/// or, when the call brought one, read from the caller's cos/sin table; a
+/// position outside that table gives NaN, never a read outside it.
+/// @tparam Rule AngleRule on the host, or any type with the same members
+///         (inv_freq[i], inv_freq_low[i], precise, cos_scale, sin_scale, table)
+///         that device code can read, such as the CUDA kernels' parameters.
+/// @param rule the call's angle rule.
+/// @param position the position the pair turns by.
+/// @param pair the pair's index, in [0, rotary_dim/2).
+/// @param[out] cos_angle cos_scale * cos(angle).
+/// @param[out] sin_angle sin_scale * sin(angle) (negated for the inverse rotation).
+template <typename Rule>
+ROPE_HOST_DEVICE inline void rotation_factors(const Rule& rule, int64_t position, int64_t pair, float& cos_angle,
+                                              float& sin_angle) {
+    float cos_raw, sin_raw;
+    if (rule.table.data != nullptr) {
+        if (position < 0 || position >= rule.table.rows) {
+            cos_raw = sin_raw = bits_to_float(0x7fc00000u);  // quiet NaN: visibly wrong, never out of bounds
+        } else {
+            const float* row = rule.table.data + position * rule.table.row_stride;
+            cos_raw = row[pair];
+            sin_raw = row[rule.table.pairs + pair];
+        }
+    } else {
+        const float angle = pair_angle(rule.precise, position, rule.inv_freq[pair], rule.inv_freq_low[pair]);
+#if defined(__CUDA_ARCH__)
+        // CUDA's accurate sincosf (this project never builds with --use_fast_math:
+        // the default angles are not reduced to [-pi, pi], where the fast one is accurate).
+        sincosf(angle, &sin_raw, &cos_raw);
+#else
+        cos_raw = std::cos(angle);
+        sin_raw = std::sin(angle);
+#endif
+    }
+    cos_angle = rule.cos_scale * cos_raw;
+    sin_angle = rule.sin_scale * sin_raw;
+}
+
+/// @brief Rotates pair @p pair of head row (b, h, s): reads its two features from
+/// @p in, rotates them in float32 and writes them, rounded to @p Storage, to @p out.
+///
+/// Both features are read before either is written, so @p out may be @p in (an
+/// in-place call). The arithmetic is float32 whatever the storage type.
+/// @tparam Storage element type in memory: float, float16 or bfloat16.
+/// @param in first element of the input tensor.
+/// @param in_geometry sizes and strides of the input.
+/// @param out first element of the output tensor (may equal @p in).
+/// @param out_geometry sizes and strides of the output.
+/// @param b sequence index.
+/// @param h head index.
+/// @param s token index.
+/// @param pair the pair's two features (pair_elements).
+/// @param cos_angle cosine of the angle, times the attention factor.
+/// @param sin_angle sine of the angle, times the attention factor (negated for the inverse).
+template <typename Storage>
+ROPE_HOST_DEVICE inline void rotate_pair_in_memory(const Storage* in, const Geometry& in_geometry, Storage* out,
+                                                   const Geometry& out_geometry, int64_t b, int64_t h, int64_t s,
+                                                   PairIndex pair, float cos_angle, float sin_angle) {
+    float x = to_float(in[in_geometry.offset(b, h, s, pair.first)]);
+    float y = to_float(in[in_geometry.offset(b, h, s, pair.second)]);
+    rotate_pair(x, y, cos_angle, sin_angle);
+    out[out_geometry.offset(b, h, s, pair.first)] = from_float<Storage>(x);
+    out[out_geometry.offset(b, h, s, pair.second)] = from_float<Storage>(y);
+}
+
+}  // namespace rope

@@ -1,0 +1,159 @@
+#pragma once
+/// @file detail/plan.hpp
+/// @brief For backend authors: a validated RoPE call, reduced to what a backend loop needs.
+///
+/// Users never need this header: rope::apply() builds the Plan and hands it to
+/// the backend. Everything a backend would otherwise derive for itself is
+/// derived here once (the frequency table, the scales of cos and sin, where
+/// each token's position comes from), so every backend loops over the same
+/// facts and rejects bad input identically.
+
+#include <cstdint>
+#include <vector>
+
+#include "rope/args.hpp"
+#include "rope/config.hpp"
+#include "rope/frequency_table.hpp"
+#include "rope/host_device.hpp"
+#include "rope/positions.hpp"
+#include "rope/tensor.hpp"
+
+namespace rope {
+
+/// @brief Where the position of token (b, s) on each axis comes from, in a form
+/// device code can read (pointers, no containers).
+///
+/// One of three sources: explicit ids; packed sequences (cu_seqlens, with a
+/// binary search for the token's sequence); or an offset. The packed and
+/// offset forms may be context-parallel shards (cp_size > 1), whose local
+/// token index is first mapped to the global one.
+struct PositionSource {
+    int64_t offset = 0;              ///< Offset form: first position (packed form: start when starts is null).
+    const int64_t* ids = nullptr;    ///< Explicit ids [axes][rows][seq], or null.
+    int64_t axis_stride = 0;         ///< Ids between consecutive axis rows.
+    int64_t row_stride = 0;          ///< Ids between sequences: 0 when one row is shared, else seq.
+    const int64_t* cu_seqlens = nullptr;  ///< Packed form: sequence boundaries [sequences + 1], or null.
+    const int64_t* starts = nullptr;      ///< Packed form: first position of each sequence, or null.
+    int64_t sequences = 0;           ///< Packed form: number of sequences.
+    int64_t cp_size = 1;             ///< Context-parallel group size (1: unsharded).
+    int64_t cp_rank = 0;             ///< This rank.
+    int64_t seq = 0;                 ///< Tokens per sequence of the tensors (the offset form's local length).
+
+    /// @brief Whether sequences of the batch have positions of their own (per-sequence ids).
+    /// @return true when ids are given per sequence.
+    ROPE_HOST_DEVICE bool per_sequence() const { return ids != nullptr && row_stride != 0; }
+
+    /// @brief Global index of local token @p local of a sequence of @p length local tokens
+    /// on this context-parallel rank: chunk cp_rank, then chunk 2*cp_size-1-cp_rank.
+    /// @param local token index within this rank's part of the sequence.
+    /// @param length tokens of the sequence on this rank (two chunks of length/2).
+    /// @return the token's index in the unsharded sequence.
+    ROPE_HOST_DEVICE int64_t global_index(int64_t local, int64_t length) const {
+        if (cp_size == 1) return local;
+        const int64_t chunk = length / 2;
+        return local < chunk ? cp_rank * chunk + local : (2 * cp_size - 1 - cp_rank) * chunk + (local - chunk);
+    }
+
+    /// @brief Packed form: the sequence that token @p t belongs to, by binary search.
+    ///
+    /// Reads only cu_seqlens[1 .. sequences-1], whatever they hold (device
+    /// arrays are not validated), so the answer is always in [0, sequences).
+    /// @param t token index in the pack.
+    /// @return b with cu_seqlens[b] <= t < cu_seqlens[b + 1] for valid cu_seqlens.
+    ROPE_HOST_DEVICE int64_t sequence_of(int64_t t) const {
+        int64_t low = 0, high = sequences - 1;
+        while (low < high) {
+            const int64_t middle = (low + high + 1) / 2;
+            if (cu_seqlens[middle] <= t) low = middle;
+            else high = middle - 1;
+        }
+        return low;
+    }
+
+    /// @brief Position of token @p s of sequence @p b on axis @p axis.
+    /// @param b sequence index (0 for packed tensors).
+    /// @param s token index within the sequence (packed: within the pack).
+    /// @param axis position axis (only explicit ids have more than one).
+    /// @return the position id.
+    ROPE_HOST_DEVICE int64_t at(int64_t b, int64_t s, int64_t axis = 0) const {
+        if (ids != nullptr) return ids[axis * axis_stride + b * row_stride + s];
+        if (cu_seqlens != nullptr) {
+            const int64_t sequence = sequence_of(s);
+            const int64_t first = cu_seqlens[sequence];
+            const int64_t start = starts != nullptr ? starts[sequence] : offset;
+            return start + global_index(s - first, cu_seqlens[sequence + 1] - first);
+        }
+        return offset + global_index(s, seq);
+    }
+};
+
+/// @brief A caller's cos/sin table as the kernels read it (CosSinCache, validated).
+struct CosSinTable {
+    const float* data = nullptr;  ///< Row 0, or null: cos/sin are computed.
+    int64_t rows = 0;             ///< Positions covered.
+    int64_t row_stride = 0;       ///< Floats between rows.
+    int64_t pairs = 0;            ///< Sines start this many floats into a row.
+};
+
+/// @brief One tensor operand of a plan: input pointer, output pointer and both geometries.
+struct Operand {
+    const void* in = nullptr;  ///< Input elements.
+    void* out = nullptr;       ///< Output elements (equal to in for an in-place call).
+    Geometry in_geometry;      ///< Sizes and strides of the input.
+    Geometry out_geometry;     ///< Sizes and strides of the output (same sizes).
+};
+
+/// @brief What turns (position, pair) into cos and sin for one call: the
+/// frequencies, the mode, the scales, or a caller's table. See rotation_factors().
+struct AngleRule {
+    std::vector<float> inv_freq;      ///< theta_i in float32 (FrequencyTable::inv_freq).
+    std::vector<float> inv_freq_low;  ///< Low parts, for the precise mode (FrequencyTable::inv_freq_low).
+    std::vector<uint8_t> pair_axis;   ///< Position axis of each pair (FrequencyTable::pair_axis).
+    bool precise = false;             ///< RopeConfig::precise_angles.
+    float cos_scale = 1.0f;           ///< attention_factor (1 with a caller's table).
+    float sin_scale = 1.0f;           ///< attention_factor, negated for the inverse rotation.
+    CosSinTable table;                ///< A caller's table, or none.
+};
+
+/// @brief A RoPE call after validation: everything checked, nothing left to derive.
+///
+/// Backends receive a Plan and only loop over it; they never see unvalidated
+/// input, so every backend rejects bad input identically.
+struct Plan {
+    Style style = Style::half_split;  ///< Pairing of features.
+    DType dtype = DType::f32;         ///< Storage type of all four tensors.
+    Device device = Device::host;     ///< Where all tensors and position arrays live.
+    int64_t batch = 0;       ///< Sequences (1 for packed tensors).
+    int64_t seq = 0;         ///< Tokens per sequence (packed: total tokens).
+    int64_t head_dim = 0;    ///< Features per head.
+    int64_t rotary_dim = 0;  ///< Features that rotate (even, <= head_dim).
+    int64_t pairs = 0;       ///< rotary_dim / 2.
+    int64_t axes = 1;        ///< Position axes of each token.
+    Operand q;               ///< Queries.
+    Operand k;               ///< Keys (k.in_geometry.heads may be 0).
+    PositionSource positions;  ///< Position of each token on each axis.
+    AngleRule angles;        ///< cos and sin of each pair at a position.
+    void* stream = nullptr;  ///< CUDA stream, if any.
+
+    /// @brief Whether there is nothing to do.
+    /// @return true when batch or seq is zero, or neither q nor k has a head.
+    bool empty() const { return batch == 0 || seq == 0 || (q.in_geometry.heads == 0 && k.in_geometry.heads == 0); }
+};
+
+/// @brief Validates @p args against @p config for a backend on @p device and builds the Plan.
+/// @param config the model's RoPE (validated first, as validate() does).
+/// @param args the tensors, positions, direction, table and stream of the call.
+/// @param device where the backend runs: every non-empty tensor and position array must live there.
+/// @return the plan, with its frequency table computed for the call's largest position.
+/// @throws rope::Error naming the first offending parameter and its value.
+Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device);
+
+namespace detail {
+/// @brief make_frequency_table() for a configuration already validated (make_plan's use).
+/// @param config a valid configuration.
+/// @param max_position largest position of the call + 1.
+/// @return the frequency table.
+FrequencyTable build_frequency_table(const RopeConfig& config, int64_t max_position);
+}  // namespace detail
+
+}  // namespace rope
