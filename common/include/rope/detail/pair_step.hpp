@@ -46,6 +46,9 @@ ROPE_HOST_DEVICE inline TokenPositions token_positions(const PositionSource& sou
     TokenPositions positions;
     positions.axis[0] = source.at(b, s, 0);
     const bool own_rows = source.ids != nullptr && axes > 1;  // Else every axis shares row 0.
+#if defined(__CUDA_ARCH__)
+#pragma unroll  // Constant indices keep the array in registers (a GPU cannot index registers).
+#endif
     for (int64_t a = 1; a < kMaxPositionAxes; ++a)
         positions.axis[a] = own_rows && a < axes ? source.at(b, s, a) : positions.axis[0];
     return positions;

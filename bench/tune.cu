@@ -1,0 +1,198 @@
+// rope-tune: times cuda-optimized's tile kernel under launch settings other
+// than the backend's defaults, beside the backend itself and a copy of the
+// same bytes, on the benchmark shapes. It is how the defaults in
+// cuda/optimized/backend.cu and tiling.hpp were chosen; it is not a test.
+//
+//   rope-tune [--quick]        prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy
+//
+// The timing is rope-bench's (bench/cuda_timing.hpp): CUDA events around
+// back-to-back calls rotating through enough q/k sets to exceed twice the L2
+// (graph replay for the small shapes), medians of repetitions, and the ratio
+// to a device-to-device copy of the same bytes measured in the same run.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_timing.hpp"
+#include "rope/detail/plan.hpp"
+#include "rope/rope.hpp"
+#include "row_access.cuh"
+#include "tile_kernel.cuh"
+
+namespace {
+
+using namespace rope;
+using namespace rope::cuda_detail;
+
+struct Case {
+    const char* name;
+    int64_t batch, q_heads, k_heads, seq, head_dim;
+    Layout layout;
+    bool in_place;
+    bool small;  // Graph replay (latency-bound).
+};
+
+// The shapes of the goals (issue 15), in place and out of place, bhsd and bshd.
+const Case kCases[] = {
+    {"8x32x4096x128", 8, 32, 32, 4096, 128, Layout::bhsd, true, false},
+    {"8x32x4096x128", 8, 32, 32, 4096, 128, Layout::bshd, true, false},
+    {"8x32x4096x128", 8, 32, 32, 4096, 128, Layout::bhsd, false, false},
+    {"4x32x2048x128", 4, 32, 32, 2048, 128, Layout::bhsd, true, false},
+    {"llama3-8b-prefill", 1, 32, 8, 4096, 128, Layout::bshd, true, false},
+    {"4x8x256x64", 4, 8, 8, 256, 64, Layout::bhsd, true, true},
+    {"decode-1x32x1x128", 1, 32, 32, 1, 128, Layout::bhsd, true, true},
+};
+
+// q, k (and outputs) for one set, in one device allocation each.
+struct Sets {
+    std::vector<Buffer> q, k, q_out, k_out;
+};
+
+std::array<int64_t, 4> shape_of(const Case& c, int64_t heads) {
+    return c.layout == Layout::bhsd ? std::array<int64_t, 4>{c.batch, heads, c.seq, c.head_dim}
+                                    : std::array<int64_t, 4>{c.batch, c.seq, heads, c.head_dim};
+}
+
+struct Measured {
+    std::string variant;
+    double us;
+};
+
+void run_case(const Case& c, DType dtype, Style style, bool quick) {
+    const int64_t element = dtype_size(dtype);
+    const size_t q_bytes = size_t(c.batch * c.q_heads * c.seq * c.head_dim * element);
+    const size_t k_bytes = size_t(c.batch * c.k_heads * c.seq * c.head_dim * element);
+    // Enough sets that together they exceed twice the L2: every call reads from memory.
+    const size_t set_bytes = (q_bytes + k_bytes) * (c.in_place ? 1 : 2);
+    const int64_t sets = std::max<int64_t>(1, int64_t(2 * rope_bench::cuda_l2_bytes() / set_bytes) + 1);
+    Sets buffers;
+    std::mt19937_64 rng(7);
+    std::vector<uint8_t> host(std::max(q_bytes, k_bytes));
+    auto fill = [&](Buffer& buffer) {
+        for (size_t i = 0; i < buffer.bytes(); i += 2) {
+            // Random non-zero values: bf16/fp16 halves or the two halves of a float.
+            const uint16_t bits = uint16_t(0x3c00 | (rng() & 0x3ff)) ^ uint16_t(rng() & 0x8000);
+            std::memcpy(&host[i], &bits, 2);
+        }
+        buffer.copy_from_host(host.data());
+    };
+    for (int64_t s = 0; s < sets; ++s) {
+        buffers.q.emplace_back(Device::cuda, q_bytes);
+        buffers.k.emplace_back(Device::cuda, k_bytes);
+        fill(buffers.q.back());
+        fill(buffers.k.back());
+        if (!c.in_place) {
+            buffers.q_out.emplace_back(Device::cuda, q_bytes);
+            buffers.k_out.emplace_back(Device::cuda, k_bytes);
+        }
+    }
+    rope_bench::CudaStream stream;
+    RopeConfig config;
+    config.head_dim = c.head_dim;
+    config.style = style;
+    std::vector<Plan> plans;
+    for (int64_t s = 0; s < sets; ++s) {
+        auto view = [&](Buffer& buffer, int64_t heads) {
+            return TensorView::contiguous(buffer.data(), dtype, Device::cuda, c.layout, shape_of(c, heads));
+        };
+        RopeArgs args = c.in_place ? RopeArgs::in_place(view(buffers.q[s], c.q_heads), view(buffers.k[s], c.k_heads))
+                                   : RopeArgs::out_of_place(view(buffers.q[s], c.q_heads), view(buffers.k[s], c.k_heads),
+                                                            view(buffers.q_out[s], c.q_heads),
+                                                            view(buffers.k_out[s], c.k_heads));
+        args.stream = stream.get();
+        plans.push_back(make_plan(config, args, Device::cuda));
+    }
+
+    const int reps = quick ? 5 : 9;
+    auto time = [&](const rope_bench::Launch& launch) {
+        if (c.small) return rope_bench::cuda_graph_median_us(launch, reps, 20 * sets, sets, stream.get());
+        const int64_t calls = std::max<int64_t>(rope_bench::cuda_calls_per_rep(launch, 2000.0, stream.get()), 1);
+        return rope_bench::cuda_median_us(launch, reps, calls, sets, stream.get());
+    };
+    // The ceiling: a device-to-device copy of the same bytes (q and k read once, written once).
+    std::vector<Buffer> copy_targets;
+    for (int64_t s = 0; s < std::min<int64_t>(sets, 2); ++s) copy_targets.emplace_back(Device::cuda, q_bytes + k_bytes);
+    const double copy_us = time([&](int64_t call) {
+        const int64_t s = call % sets;
+        uint8_t* target = static_cast<uint8_t*>(copy_targets[size_t(call % int64_t(copy_targets.size()))].data());
+        rope_bench::cuda_copy_async(target, buffers.q[s].data(), q_bytes, stream.get());
+        if (k_bytes) rope_bench::cuda_copy_async(target + q_bytes, buffers.k[s].data(), k_bytes, stream.get());
+    });
+
+    std::vector<Measured> results;
+    auto backend = make_backend("cuda-optimized");
+    results.push_back({"backend-default", time([&](int64_t call) { backend->run(plans[size_t(call % sets)]); })});
+    const DeviceInfo device = device_info(0);
+    dispatch_dtype(dtype, [&](auto storage) {
+        using Storage = decltype(storage);
+        if constexpr (!std::is_same_v<Storage, float16>) {
+            auto variants = [&]<Style kStyle>() {
+                auto sweep = [&]<typename Access, int Items>(const char* access_name) {
+                    for (int threads : {128, 256, 512}) {
+                        for (int64_t batches : {1, 2, 4, 8}) {
+                            if (quick && (threads != 256 || batches != 4)) continue;
+                            TileSettings settings;
+                            settings.threads = threads;
+                            settings.batches_per_thread = batches;
+                            using Path = VectorPath<Storage, kStyle, Access>;
+                            const double us = time([&](int64_t call) {
+                                launch_tiles<Storage, Path, Items, 64>(plans[size_t(call % sets)], device, settings);
+                            });
+                            char name[96];
+                            std::snprintf(name, sizeof name, "%s-items%d-threads%d-batches%" PRId64, access_name, Items,
+                                          threads, batches);
+                            results.push_back({name, us});
+                            if (c.small) break;  // The latency regime ignores threads and batches.
+                        }
+                        if (c.small) break;
+                    }
+                };
+                sweep.template operator()<DefaultAccess, 2>("default");
+                sweep.template operator()<DefaultAccess, 4>("default");
+                sweep.template operator()<DefaultAccess, 8>("default");
+                sweep.template operator()<StreamingAccess, 4>("streaming");
+                sweep.template operator()<StreamingAccess, 8>("streaming");
+            };
+            if (style == Style::half_split) variants.template operator()<Style::half_split>();
+            else variants.template operator()<Style::interleaved>();
+        }
+    });
+    std::sort(results.begin() + 1, results.end(), [](const Measured& a, const Measured& b) { return a.us < b.us; });
+    for (const Measured& m : results)
+        std::printf("TUNE,%s,%s,%s,%s,%s,%s,%.3f,%.3f,%.2f\n", c.name, std::string(layout_name(c.layout)).c_str(),
+                    std::string(dtype_name(dtype)).c_str(), std::string(style_name(style)).c_str(),
+                    c.in_place ? "in" : "out", m.variant.c_str(), copy_us, m.us, 100.0 * copy_us / m.us);
+    std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    const std::string reason = cuda_unavailable_reason();
+    if (!reason.empty()) {
+        std::printf("rope-tune: skipped: %s\n", reason.c_str());
+        return 77;
+    }
+    try {
+        std::printf("# rope-tune on %s\n", rope_bench::cuda_device_name());
+        std::printf("TUNE,case,layout,dtype,style,placement,variant,copy_us,us,pct_of_copy\n");
+        for (const Case& c : kCases)
+            for (DType dtype : {DType::f32, DType::bf16})
+                for (Style style : {Style::half_split, Style::interleaved}) {
+                    if (style == Style::interleaved && (c.layout != Layout::bhsd || !c.in_place)) continue;
+                    run_case(c, dtype, style, quick);
+                }
+    } catch (const std::exception& error) {
+        std::printf("rope-tune: error: %s\n", error.what());
+        return 1;
+    }
+    return 0;
+}
