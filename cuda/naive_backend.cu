@@ -7,7 +7,7 @@
 // and calls sincosf itself, so cos/sin are recomputed for every head; that is
 // the price of simplicity, and cuda-optimized shows what reusing them buys.
 //
-// Everything else is the CPU code unchanged: the same token_positions,
+// Everything else is the CPU code unchanged: the same PositionSource::at,
 // rotation_factors and rotate_pair_in_memory from common/, the same float32
 // arithmetic, the same to_float / from_float conversions.
 #include <climits>
@@ -31,7 +31,6 @@ struct NaiveArgs {
     Operand operands[2];       // [0] = q, [1] = k (k may have no heads).
     PositionSource positions;  // Device-resident ids or cu_seqlens, or an offset.
     AngleArgs<kMaxPairs> angles;
-    int64_t axes;              // Position axes per token.
     Style style;
     int64_t seq;
     int64_t rotary_dim;
@@ -69,9 +68,10 @@ __global__ void rope_naive_kernel(const __grid_constant__ NaiveArgs args) {
         const auto* in = static_cast<const Storage*>(operand.in);
         auto* out = static_cast<Storage*>(operand.out);
         if (j < args.pairs) {
-            const TokenPositions positions = token_positions(args.positions, args.axes, b, s);
+            // The position on this pair's axis (one axis for text RoPE).
+            const int64_t position = args.positions.at(b, s, args.angles.pair_axis[j]);
             float cos_angle, sin_angle;
-            rotation_factors(args.angles, positions.of_axis(args.angles.pair_axis[j]), j, cos_angle, sin_angle);
+            rotation_factors(args.angles, position, j, cos_angle, sin_angle);
             const PairIndex pair = pair_elements(args.style, args.rotary_dim, j);
             rotate_pair_in_memory(in, g, out, o, b, h, s, pair, cos_angle, sin_angle);  // In-place safe.
         } else {
@@ -93,7 +93,6 @@ public:
         args.operands[1] = plan.k;
         args.positions = plan.positions;
         args.angles = cuda_detail::make_angle_args<kMaxPairs>(plan);
-        args.axes = plan.axes;
         args.style = plan.style;
         args.seq = plan.seq;
         args.rotary_dim = plan.rotary_dim;

@@ -1,17 +1,18 @@
 // cuda-optimized: RoPE at the speed of a memory copy.
 //
-// The kernel and the reasoning behind its shape are in tile_kernel.cuh; how
-// the call is cut into tiles is in tiling.hpp; how a thread touches its chunk
-// of a row (16-byte vectors, or the generic strided fallback) is in
-// row_access.cuh and vector_layout.hpp. This file is the backend: it picks the
-// access path and the capacity of the angle arguments for a Plan, and launches.
+// The kernel and the reasoning behind its shape are in unit_kernel.cuh; how a
+// thread touches its chunk of a row (16-byte vectors, or the generic strided
+// fallback) is in row_access.cuh and vector_layout.hpp. This file is the
+// backend: it picks, for a Plan, the access path, the batching of loads and
+// the capacity of the angle arguments, as measured best on the H200 with
+// bench/tune.cu (rope-tune), and launches.
 #include <memory>
 
 #include "check.hpp"
 #include "kernel_args.cuh"
 #include "rope/detail/backend_factories.hpp"
 #include "row_access.cuh"
-#include "tile_kernel.cuh"
+#include "unit_kernel.cuh"
 
 namespace rope {
 namespace cuda_detail {
@@ -22,28 +23,41 @@ namespace {
 /// latency-bound launches.
 constexpr int kSmallCapacity = 64;
 
-/// Chunks each thread loads before it uses the first (tile_kernel.cuh, 3.).
-constexpr int kItemsInFlight = 4;
+/// The launch, per regime (rope-tune on the H200):
+/// - bandwidth regime: streaming accesses (evict first: every byte is touched
+///   once); float32 software-pipelined with 2 rows in flight (its arithmetic is
+///   light), the 2-byte types with batches of 4 rows and no pipeline (their
+///   conversions make more live registers; a pipeline there cost 1-3%);
+/// - latency regime: default caching, pipelined, 2 rows in flight;
+/// - any view the 16-byte path cannot take: the generic path, 4 rows in flight.
+template <typename Storage, Style kStyle, int Capacity>
+void launch_vector(const Plan& plan, const DeviceInfo& device) {
+    const LaunchSettings settings;
+    using Streaming = VectorPath<Storage, kStyle, StreamingAccess>;
+    if (bandwidth_regime(plan, chunks_per_row<Streaming>(plan), device, settings)) {
+        if constexpr (sizeof(Storage) == 4)
+            launch_units<Storage, Streaming, 2, true, 1, Capacity>(plan, device, settings);
+        else
+            launch_units<Storage, Streaming, 4, false, 1, Capacity>(plan, device, settings);
+    } else {
+        launch_units<Storage, VectorPath<Storage, kStyle, DefaultAccess>, 2, true, 1, Capacity>(plan, device, settings);
+    }
+}
 
-/// How the 16-byte accesses are issued (row_access.cuh).
-using Access = DefaultAccess;
-
-/// Launches the tile kernel for @p plan: 16-byte vectors where the views allow, else one pair at a time.
-template <typename Storage, int Capacity, Style kStyle>
+template <typename Storage, Style kStyle, int Capacity>
 void launch_styled(const Plan& plan, const DeviceInfo& device) {
-    const TileSettings settings;
     if (vector_path_fits<Storage>(plan))
-        launch_tiles<Storage, VectorPath<Storage, kStyle, Access>, kItemsInFlight, Capacity>(plan, device, settings);
+        launch_vector<Storage, kStyle, Capacity>(plan, device);
     else
-        launch_tiles<Storage, GenericPath<Storage, kStyle>, kItemsInFlight, Capacity>(plan, device, settings);
+        launch_units<Storage, GenericPath<Storage, kStyle>, 4, true, 1, Capacity>(plan, device, LaunchSettings{});
 }
 
 template <typename Storage, int Capacity>
 void launch_for_plan(const Plan& plan, const DeviceInfo& device) {
     if (plan.style == Style::half_split)
-        launch_styled<Storage, Capacity, Style::half_split>(plan, device);
+        launch_styled<Storage, Style::half_split, Capacity>(plan, device);
     else
-        launch_styled<Storage, Capacity, Style::interleaved>(plan, device);
+        launch_styled<Storage, Style::interleaved, Capacity>(plan, device);
 }
 
 class OptimizedCudaBackend final : public Backend {
@@ -64,9 +78,9 @@ public:
 
 private:
     // The current device's SM count and capabilities: attribute queries, which
-    // do not synchronise. Asked on every call (a few hundred nanoseconds of host
-    // time) rather than cached, so one backend object may serve several
-    // threads and devices at once without shared mutable state.
+    // do not synchronise. Asked on every call (well under a microsecond of host
+    // time) rather than cached, so one backend object may serve several threads
+    // and devices at once without shared mutable state.
     static DeviceInfo current_device_info() {
         int device = 0;
         check_cuda(cudaGetDevice(&device), "cudaGetDevice");
