@@ -215,7 +215,7 @@ void fill_trig_row(const Plan& plan, const Slab& slab, int64_t t, float* cos, fl
         // The same factors as cpu-naive (the shared rotation_factors: the same
         // angle and std::cos/std::sin, or the caller's table): the two backends
         // then differ only by the rounding of the rotation itself.
-        const int64_t position = positions.of_axis(plan.angles.pair_axis[size_t(i)]);
+        const int64_t position = positions.of_pair(plan.angles, plan.axes, i);
         rotation_factors(plan.angles, position, i, cos[t * plan.pairs + i], sin[t * plan.pairs + i]);
     }
 }

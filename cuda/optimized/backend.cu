@@ -23,25 +23,24 @@ namespace {
 /// latency-bound launches.
 constexpr int kSmallCapacity = 64;
 
-/// The launch, per regime (rope-tune on the H200):
-/// - bandwidth regime: streaming accesses (evict first: every byte is touched
-///   once); float32 software-pipelined with 2 rows in flight (its arithmetic is
-///   light), the 2-byte types with batches of 4 rows and no pipeline (their
-///   conversions make more live registers; a pipeline there cost 1-3%);
-/// - latency regime: default caching, pipelined, 2 rows in flight;
+/// The launch, per regime, as measured best by rope-tune on the H200
+/// (2026-12-02; bench/results/h200-tune.csv):
+/// - bandwidth regime: batches of 4 rows loaded before use, no software
+///   pipeline, default caching (streaming hints and the pipeline measured
+///   0.5-3 points slower), 128-thread blocks; 8 rows per thread for float32,
+///   16 for the 2-byte types (whose chunk holds twice the pairs, so fewer
+///   threads share a token and each needs more rows to amortise its sincosf);
+/// - latency regime: 2 rows in flight, pipelined, 2 rows per thread;
 /// - any view the 16-byte path cannot take: the generic path, 4 rows in flight.
 template <typename Storage, Style kStyle, int Capacity>
 void launch_vector(const Plan& plan, const DeviceInfo& device) {
-    const LaunchSettings settings;
-    using Streaming = VectorPath<Storage, kStyle, StreamingAccess>;
-    if (bandwidth_regime(plan, chunks_per_row<Streaming>(plan), device, settings)) {
-        if constexpr (sizeof(Storage) == 4)
-            launch_units<Storage, Streaming, 2, true, 1, Capacity>(plan, device, settings);
-        else
-            launch_units<Storage, Streaming, 4, false, 1, Capacity>(plan, device, settings);
-    } else {
-        launch_units<Storage, VectorPath<Storage, kStyle, DefaultAccess>, 2, true, 1, Capacity>(plan, device, settings);
-    }
+    LaunchSettings settings;
+    settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
+    using Path = VectorPath<Storage, kStyle, DefaultAccess>;
+    if (bandwidth_regime(plan, chunks_per_row<Path>(plan), device, settings))
+        launch_units<Storage, Path, 4, false, 1, Capacity>(plan, device, settings);
+    else
+        launch_units<Storage, Path, 2, true, 1, Capacity>(plan, device, settings);
 }
 
 template <typename Storage, Style kStyle, int Capacity>

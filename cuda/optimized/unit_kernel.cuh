@@ -66,7 +66,8 @@ struct LaunchSettings {
     /// Threads per block below one wave of work: small blocks spread a small problem over more SMs.
     int small_block_threads = 128;
     /// Rows a thread visits per token when the work fills the GPU: more rows share
-    /// each sincosf and each unit's index arithmetic, fewer make more, shorter threads.
+    /// each sincosf and each unit's index arithmetic, fewer make more, shorter
+    /// threads. The backend sets 8 for fp32 and 16 for the 2-byte types (rope-tune).
     int64_t rows_per_slice = 16;
     /// Rows per thread below one wave of work: with the prologue overlapping the
     /// previous kernel (5. above), a second row costs less than more threads.
@@ -195,7 +196,7 @@ __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRo
 #pragma unroll
         for (int p = 0; p < Path::kPairs; ++p) {
             const int64_t pair = Path::pair_of(chunk, p, args.rotary_dim);
-            rotation_factors(args.angles, positions.of_axis(args.angles.pair_axis[pair]), pair, cos_angle[p],
+            rotation_factors(args.angles, positions.of_pair(args.angles, args.axes, pair), pair, cos_angle[p],
                              sin_angle[p]);
         }
     };
