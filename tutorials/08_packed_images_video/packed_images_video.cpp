@@ -19,10 +19,9 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <rope/rope.hpp>
 #include <string>
 #include <vector>
-
-#include <rope/rope.hpp>
 
 #include "tutorial.hpp"
 
@@ -50,8 +49,8 @@ double theta(double base, int64_t i, int64_t d) { return std::pow(base, -2.0 * d
 /// Half-split pairs are (i, i + rotary_dim/2), interleaved ones (2i, 2i+1);
 /// features past rotary_dim pass through.
 template <typename Rotation>
-std::vector<double> rotate_float64(const std::vector<float>& x, int64_t heads, int64_t head_dim,
-                                   int64_t rotary_dim, rope::Style style, Rotation rotation) {
+std::vector<double> rotate_float64(const std::vector<float>& x, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+                                   rope::Style style, Rotation rotation) {
     const int64_t tokens = int64_t(x.size()) / (heads * head_dim);
     const int64_t half = rotary_dim / 2;
     std::vector<double> out(x.begin(), x.end());
@@ -80,9 +79,7 @@ constexpr double kAbsTolerance = 4e-5;
 struct Distance {
     double rel_l2 = 0, max_abs = 0;
     bool within() const { return rel_l2 < kRelTolerance && max_abs < kAbsTolerance; }
-    std::string text() const {
-        return "rel L2 " + tutorial::sci(rel_l2, 1) + ", max abs " + tutorial::sci(max_abs, 1);
-    }
+    std::string text() const { return "rel L2 " + tutorial::sci(rel_l2, 1) + ", max abs " + tutorial::sci(max_abs, 1); }
 };
 
 Distance distance(const std::vector<float>& got, const std::vector<double>& want) {
@@ -154,13 +151,15 @@ Outcome run(rope::Backend& backend, const rope::RopeConfig& config, const Tensor
     const rope::Buffer starts = on_device(device, arrays.starts), cos_sin = on_device(device, table);
 
     auto view = [&](const rope::Buffer& buffer, int64_t heads) {
-        if (in.packed) return rope::TensorView::packed(buffer.data(), rope::DType::f32, device, {in.seq, heads, in.head_dim});
+        if (in.packed)
+            return rope::TensorView::packed(buffer.data(), rope::DType::f32, device, {in.seq, heads, in.head_dim});
         return rope::TensorView::contiguous(buffer.data(), rope::DType::f32, device, rope::Layout::bshd,
                                             {in.batch, in.seq, heads, in.head_dim});
     };
     rope::Positions positions = rope::Positions::starting_at(arrays.offset);
     if (!arrays.ids.empty()) {
-        positions = rope::Positions::multi_axis(static_cast<const int64_t*>(ids.data()), arrays.axes, 1, in.seq, device);
+        positions =
+            rope::Positions::multi_axis(static_cast<const int64_t*>(ids.data()), arrays.axes, 1, in.seq, device);
     } else if (!arrays.cu_seqlens.empty()) {
         positions = rope::Positions::packed(static_cast<const int64_t*>(cu_seqlens.data()),
                                             int64_t(arrays.cu_seqlens.size()) - 1,
@@ -193,9 +192,7 @@ bool identical(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 /// Whether every output element still holds the poison: nothing was written.
-bool untouched(const std::vector<float>& out) {
-    return identical(out, std::vector<float>(out.size(), kPoison));
-}
+bool untouched(const std::vector<float>& out) { return identical(out, std::vector<float>(out.size(), kPoison)); }
 
 // ---------------------------------------------------------------------------
 // Every backend available here
@@ -301,6 +298,36 @@ std::vector<int64_t> cumulative(const std::vector<int64_t>& lengths) {
     return cu;
 }
 
+/// Token rows [first, last) of x, whose tokens are `row` floats each.
+std::vector<float> token_rows(const std::vector<float>& x, int64_t first, int64_t last, int64_t row) {
+    return {x.begin() + first * row, x.begin() + last * row};
+}
+
+/// Whether a packed call rotates every sequence exactly as a call of that
+/// sequence alone, from its start, does: bit for bit (the same position gives
+/// the same float32 angle, whatever else is in the tensor).
+Verdict packed_equals_alone(rope::Backend& backend, const rope::RopeConfig& config, const Tensors& pack,
+                            const std::vector<int64_t>& cu_seqlens, const std::vector<int64_t>& starts) {
+    const Outcome together = run(backend, config, pack, {.cu_seqlens = cu_seqlens, .starts = starts});
+    const int64_t q_row = pack.q_heads * pack.head_dim, k_row = pack.k_heads * pack.head_dim;
+    bool same = together.error.empty();
+    for (size_t b = 0; b + 1 < cu_seqlens.size(); ++b) {
+        const int64_t first = cu_seqlens[b], last = cu_seqlens[b + 1];
+        const Tensors alone{1,
+                            last - first,
+                            pack.q_heads,
+                            pack.k_heads,
+                            pack.head_dim,
+                            false,
+                            token_rows(pack.q, first, last, q_row),
+                            token_rows(pack.k, first, last, k_row)};
+        const Outcome single = run(backend, config, alone, {.offset = starts.empty() ? 0 : starts[b]});
+        same = same && identical(single.q, token_rows(together.q, first, last, q_row)) &&
+               identical(single.k, token_rows(together.k, first, last, k_row));
+    }
+    return {same, same ? "identical" : "DIFFERS"};
+}
+
 /// THE BUG (a stand-in): a kernel that rotates key heads two at a time, for
 /// h < 2 * (heads / 2). With an even head count it is right; with one key head
 /// it writes nothing, and k_out keeps what it held (NaN here, stale memory in
@@ -345,9 +372,11 @@ std::vector<float> gather(const std::vector<float>& x, const std::vector<int64_t
 }
 
 /// Writes the rows of `shard` back to their places `tokens` in `full`.
-void scatter(const std::vector<float>& shard, const std::vector<int64_t>& tokens, int64_t row, std::vector<float>& full) {
+void scatter(const std::vector<float>& shard, const std::vector<int64_t>& tokens, int64_t row,
+             std::vector<float>& full) {
     for (size_t j = 0; j < tokens.size(); ++j)
-        std::copy(shard.begin() + int64_t(j) * row, shard.begin() + int64_t(j + 1) * row, full.begin() + tokens[j] * row);
+        std::copy(shard.begin() + int64_t(j) * row, shard.begin() + int64_t(j + 1) * row,
+                  full.begin() + tokens[j] * row);
 }
 
 /// Causal attention work of a rank: each query attends to every key up to
@@ -371,8 +400,10 @@ std::vector<float> union_of_ranks(rope::Backend& backend, const rope::RopeConfig
     for (int64_t r = 0; r < n; ++r) {
         const std::vector<int64_t> tokens = shard_tokens(lengths, r, n);
         Tensors shard = full;
-        if (!full.packed) shard.seq = full.seq / n;  // Padded: every sequence has seq / n tokens here.
-        else shard.seq = int64_t(tokens.size());
+        if (!full.packed)
+            shard.seq = full.seq / n;  // Padded: every sequence has seq / n tokens here.
+        else
+            shard.seq = int64_t(tokens.size());
         shard.q = gather(full.q, tokens, q_row);
         shard.k = gather(full.k, tokens, k_row);
         const Outcome outcome = run(backend, config, shard, shard_positions(r));
@@ -404,16 +435,20 @@ std::vector<int64_t> mrope_ids(const std::vector<Piece>& pieces, std::vector<int
     for (const Piece& piece : pieces) {
         const int64_t start = next;
         for (int64_t s = 0; s < piece.text; ++s) {
-            t.push_back(start + s), h.push_back(start + s), w.push_back(start + s);
+            t.push_back(start + s);
+            h.push_back(start + s);
+            w.push_back(start + s);
             kind.push_back(0);
             next = start + s + 1;
         }
         for (int64_t f = 0; f < piece.frames; ++f)
             for (int64_t r = 0; r < piece.rows; ++r)
                 for (int64_t c = 0; c < piece.cols; ++c) {
-                    t.push_back(start + f), h.push_back(start + r), w.push_back(start + c);
+                    t.push_back(start + f);
+                    h.push_back(start + r);
+                    w.push_back(start + c);
                     kind.push_back(piece.frames > 1 ? 2 : 1);
-                    next = std::max(next, std::max(start + f, std::max(start + r, start + c)) + 1);
+                    next = std::max({next, start + f + 1, start + r + 1, start + c + 1});
                 }
     }
     std::vector<int64_t> ids = t;
@@ -450,8 +485,8 @@ std::vector<double> mrope_float64(const std::vector<float>& x, int64_t heads, co
     });
 }
 
-rope::RopeConfig mrope_config(int64_t head_dim, int64_t rotary_dim, double base, rope::Style style,
-                              rope::AxisAssignment assignment, std::vector<int64_t> sections) {
+rope::RopeConfig multi_axis_config(int64_t head_dim, int64_t rotary_dim, double base, rope::Style style,
+                                   rope::AxisAssignment assignment, std::vector<int64_t> sections) {
     rope::RopeConfig config;
     config.head_dim = head_dim;
     config.rotary_dim = rotary_dim;
@@ -570,32 +605,20 @@ int main(int argc, char** argv) {
         PositionArrays packed{.cu_seqlens = cu, .starts = starts};
         const std::vector<double> q_want = rotate_at_positions(pack.q, 4, plain, positions);
         const std::vector<double> k_want = rotate_at_positions(pack.k, 1, plain, positions);
-        expect_everywhere(checks, backends, "packed thd call, q 4 heads, k 1 head: matches float64",
-                          [&](rope::Backend& backend) { return against_float64(run(backend, plain, pack, packed), q_want, k_want); });
+        expect_everywhere(
+            checks, backends, "packed thd call, q 4 heads, k 1 head: matches float64",
+            [&](rope::Backend& backend) { return against_float64(run(backend, plain, pack, packed), q_want, k_want); });
         // Packing changes nothing: each sequence alone, at its start, rotates the same.
-        expect_everywhere(checks, backends, "packed call = each sequence rotated alone from its start, bit for bit",
-                          [&](rope::Backend& backend) {
-                              const Outcome together = run(backend, plain, pack, packed);
-                              bool same = true;
-                              for (size_t b = 0; b + 1 < cu.size(); ++b) {
-                                  const int64_t length = cu[b + 1] - cu[b];
-                                  Tensors alone{1, length, 4, 1, 64, false, {}, {}};
-                                  alone.q.assign(pack.q.begin() + cu[b] * 4 * 64, pack.q.begin() + cu[b + 1] * 4 * 64);
-                                  alone.k.assign(pack.k.begin() + cu[b] * 64, pack.k.begin() + cu[b + 1] * 64);
-                                  const Outcome single = run(backend, plain, alone, {.offset = starts[b]});
-                                  same = same && identical(single.q, {together.q.begin() + cu[b] * 4 * 64,
-                                                                      together.q.begin() + cu[b + 1] * 4 * 64}) &&
-                                         identical(single.k, {together.k.begin() + cu[b] * 64,
-                                                              together.k.begin() + cu[b + 1] * 64});
-                              }
-                              return Verdict{same, same ? "identical" : "differs"};
-                          });
+        expect_everywhere(
+            checks, backends, "packed call = each sequence rotated alone from its start, bit for bit",
+            [&](rope::Backend& backend) { return packed_equals_alone(backend, plain, pack, cu, starts); });
 
         // The one-head bug, reproduced on cpu-naive's correct output.
         std::printf("THE BUG, a stand-in for the one-head NaN: key heads rotated two at a time (h < 2*(heads/2)).\n");
         const Tensors eight = random_tensors(1, 16, 8, 8, 64, true, 802);
         const Outcome right8 = run(*naive, plain, eight, packed), right1 = run(*naive, plain, pack, packed);
-        const Distance with8 = distance(two_heads_at_a_time(right8.k, 8, 64), rotate_at_positions(eight.k, 8, plain, positions));
+        const Distance with8 =
+            distance(two_heads_at_a_time(right8.k, 8, 64), rotate_at_positions(eight.k, 8, plain, positions));
         const Distance with1 = distance(two_heads_at_a_time(right1.k, 1, 64), k_want);
         std::printf("  test with 8 key heads: %s (%s)\n  test with 1 key head:  %s (%s)\n",
                     with8.within() ? "passes" : "FAILS", with8.text().c_str(), with1.within() ? "passes" : "FAILS",
@@ -609,59 +632,53 @@ int main(int argc, char** argv) {
     const int64_t longest = *std::max_element(issue_lengths.begin(), issue_lengths.end());
     const int64_t longest_grid = sequences * longest;
     {
-        std::printf("\nThe issue's batch: %ld sequences, every power of two from 8192 down to 1 twice, plus two of 1:\n"
-                    "%ld tokens. One block per token:\n",
-                    long(sequences), long(total_tokens));
+        std::printf(
+            "\nThe issue's batch: %ld sequences, every power of two from 8192 down to 1 twice, plus two of 1:\n"
+            "%ld tokens. One block per token:\n",
+            long(sequences), long(total_tokens));
         std::printf("  grid sized by batch x longest: %ld x %ld = %ld blocks, %ld useful (%.1f%%), %ld idle\n",
                     long(sequences), long(longest), long(longest_grid), long(total_tokens),
                     100.0 * double(total_tokens) / double(longest_grid), long(longest_grid - total_tokens));
-        std::printf("  grid sized by total tokens:    %ld blocks, all useful; each finds its sequence by binary "
-                    "search over cu_seqlens\n", long(total_tokens));
+        std::printf(
+            "  grid sized by total tokens:    %ld blocks, all useful; each finds its sequence by binary "
+            "search over cu_seqlens\n",
+            long(total_tokens));
         // The worst batch of the same size: one 8192-token sequence and 24576 of one token.
         const int64_t worst = (1 + (total_tokens - longest)) * longest;
-        std::printf("  at worst (one sequence of 8192, 24576 of 1 token) the longest-sequence grid launches %ld blocks\n"
-                    "  for the same %ld tokens: %.2f%% idle, the regime of the 157M-block report.\n",
-                    long(worst), long(total_tokens), 100.0 * (1.0 - double(total_tokens) / double(worst)));
-        csv.table("the issue's packed batch: sequence lengths, and the longest (the grid row of a longest-sequence grid)",
-                  "sequence,length,longest");
+        std::printf(
+            "  at worst (one sequence of 8192, 24576 of 1 token) the longest-sequence grid launches %ld blocks\n"
+            "  for the same %ld tokens: %.2f%% idle, the regime of the 157M-block report.\n",
+            long(worst), long(total_tokens), 100.0 * (1.0 - double(total_tokens) / double(worst)));
+        csv.table(
+            "the issue's packed batch: sequence lengths, and the longest (the grid row of a longest-sequence grid)",
+            "sequence,length,longest");
         for (int64_t b = 0; b < sequences; ++b) csv.row(b, issue_lengths[size_t(b)], longest);
 
         // The total-token grid's bookkeeping: the binary search finds every token's sequence.
         bool found = true;
         for (int64_t b = 0; b < sequences; ++b)
-            for (int64_t t = issue_cu[size_t(b)]; t < issue_cu[size_t(b) + 1]; ++t) found = found && sequence_of(issue_cu, t) == b;
+            for (int64_t t = issue_cu[size_t(b)]; t < issue_cu[size_t(b) + 1]; ++t)
+                found = found && sequence_of(issue_cu, t) == b;
         checks.expect(found, "binary search over cu_seqlens finds the sequence of each of the " +
                                  std::to_string(total_tokens) + " tokens (as a walk over the sequences does)");
         // And the library on that batch: packed = every sequence alone (q 2 heads, k 1, head_dim 64).
         const Tensors batch = random_tensors(1, total_tokens, 2, 1, 64, true, 803);
-        expect_everywhere(checks, backends, "the issue's batch packed = its 30 sequences rotated alone, bit for bit",
-                          [&](rope::Backend& backend) {
-                              const Outcome together = run(backend, plain, batch, {.cu_seqlens = issue_cu});
-                              bool same = together.error.empty();
-                              for (int64_t b = 0; b < sequences; ++b) {
-                                  const int64_t first = issue_cu[size_t(b)], length = issue_lengths[size_t(b)];
-                                  Tensors alone{1, length, 2, 1, 64, false, {}, {}};
-                                  alone.q.assign(batch.q.begin() + first * 128, batch.q.begin() + (first + length) * 128);
-                                  alone.k.assign(batch.k.begin() + first * 64, batch.k.begin() + (first + length) * 64);
-                                  const Outcome single = run(backend, plain, alone, {});
-                                  same = same && identical(single.q, {together.q.begin() + first * 128,
-                                                                      together.q.begin() + (first + length) * 128}) &&
-                                         identical(single.k, {together.k.begin() + first * 64,
-                                                              together.k.begin() + (first + length) * 64});
-                              }
-                              return Verdict{same, same ? "identical" : "differs"};
-                          });
-        std::printf("What catches a longest-sequence grid is not a check of values (they are right) but a\n"
-                    "benchmark: rope-bench's packed batch must run within 3%% of the plain path's %% of copy.\n");
+        expect_everywhere(
+            checks, backends, "the issue's batch packed = its 30 sequences rotated alone, bit for bit",
+            [&](rope::Backend& backend) { return packed_equals_alone(backend, plain, batch, issue_cu, {}); });
+        std::printf(
+            "What catches a longest-sequence grid is not a check of values (they are right) but a\n"
+            "benchmark: rope-bench's packed batch must run within 3%% of the plain path's %% of copy.\n");
     }
 
     // -----------------------------------------------------------------------
     tutorial::print_section("2. Context-parallel shards: two chunks per rank");
     {
         const int64_t n = 4;
-        std::printf("cp_size %ld: each sequence is cut into %ld chunks; rank r holds chunks r and %ld-r.\n"
-                    "A sequence of 16 tokens (chunks of 2), local length L = 4:\n",
-                    long(n), long(2 * n), long(2 * n - 1));
+        std::printf(
+            "cp_size %ld: each sequence is cut into %ld chunks; rank r holds chunks r and %ld-r.\n"
+            "A sequence of 16 tokens (chunks of 2), local length L = 4:\n",
+            long(n), long(2 * n), long(2 * n - 1));
         for (int64_t r = 0; r < n; ++r) {
             std::vector<int64_t> global;
             for (int64_t j = 0; j < 4; ++j) global.push_back(global_index(j, 4, r, n));
@@ -670,7 +687,8 @@ int main(int argc, char** argv) {
         }
         // Why two chunks: causal attention's work per query grows with its index.
         const int64_t sequence = 8192, L = sequence / n;
-        std::printf("Causal attention work (keys per query, summed) of a %ld-token sequence per rank:\n", long(sequence));
+        std::printf("Causal attention work (keys per query, summed) of a %ld-token sequence per rank:\n",
+                    long(sequence));
         std::vector<int64_t> balanced, contiguous;
         for (int64_t r = 0; r < n; ++r) {
             std::vector<int64_t> two_chunks, one_block;
@@ -680,17 +698,17 @@ int main(int argc, char** argv) {
             }
             balanced.push_back(causal_work(two_chunks));
             contiguous.push_back(causal_work(one_block));
-            std::printf("  rank %ld: two chunks %10ld   one contiguous quarter %10ld\n", long(r),
-                        long(balanced.back()), long(contiguous.back()));
+            std::printf("  rank %ld: two chunks %10ld   one contiguous quarter %10ld\n", long(r), long(balanced.back()),
+                        long(contiguous.back()));
         }
         const double imbalance = double(contiguous.back()) / double(contiguous.front());
         checks.expect(std::all_of(balanced.begin(), balanced.end(), [&](int64_t w) { return w == balanced[0]; }),
                       "two-chunk split: every rank does exactly the same causal work (chunks r and 2n-1-r "
-                      "sum to the same; contiguous quarters: last rank " + tutorial::fixed(imbalance, 1) + "x the first)");
+                      "sum to the same; contiguous quarters: last rank " +
+                          tutorial::fixed(imbalance, 1) + "x the first)");
 
         // Padded: batch 2, 32 tokens per sequence, offset 5 (a cached prefix); 8 local tokens per rank.
-        rope::RopeConfig config;
-        config.head_dim = 64;
+        const rope::RopeConfig& config = plain;  // head_dim 64, base 10000, half-split.
         const Tensors full = random_tensors(2, 32, 4, 2, 64, false, 804);
         const std::vector<int64_t> padded_lengths{32, 32};
         std::vector<int64_t> padded_positions;
@@ -727,20 +745,21 @@ int main(int argc, char** argv) {
         auto packed_shard = [&](int64_t r) {
             return PositionArrays{.cu_seqlens = local_cu, .starts = starts, .cp_size = n, .cp_rank = r};
         };
-        expect_everywhere(checks, backends,
-                          "packed thd, 3 sequences, cp_size 4: union of the ranks = the unsharded packed rotation "
-                          "bit for bit, which matches float64",
-                          [&](rope::Backend& backend) {
-                              const Outcome whole = run(backend, config, pack, {.cu_seqlens = global_cu, .starts = starts});
-                              std::vector<float> k_union;
-                              const std::vector<float> q_union =
-                                  union_of_ranks(backend, config, pack, lengths, n, packed_shard, k_union);
-                              Verdict verdict = against_float64(whole, rotate_at_positions(pack.q, 4, config, pack_positions),
-                                                                rotate_at_positions(pack.k, 1, config, pack_positions));
-                              const bool same = identical(q_union, whole.q) && identical(k_union, whole.k);
-                              return Verdict{verdict.passed && same,
-                                             (same ? "union identical, " : "union DIFFERS, ") + verdict.detail};
-                          });
+        expect_everywhere(
+            checks, backends,
+            "packed thd, 3 sequences, cp_size 4: union of the ranks = the unsharded packed rotation "
+            "bit for bit, which matches float64",
+            [&](rope::Backend& backend) {
+                const Outcome whole = run(backend, config, pack, {.cu_seqlens = global_cu, .starts = starts});
+                std::vector<float> k_union;
+                const std::vector<float> q_union =
+                    union_of_ranks(backend, config, pack, lengths, n, packed_shard, k_union);
+                Verdict verdict = against_float64(whole, rotate_at_positions(pack.q, 4, config, pack_positions),
+                                                  rotate_at_positions(pack.k, 1, config, pack_positions));
+                const bool same = identical(q_union, whole.q) && identical(k_union, whole.k);
+                return Verdict{verdict.passed && same,
+                               (same ? "union identical, " : "union DIFFERS, ") + verdict.detail};
+            });
         // Handing rope the global cu_seqlens on a rank is refused: their last entry is not this rank's token count.
         Tensors rank0 = pack;
         rank0.seq = local_cu.back();
@@ -753,13 +772,18 @@ int main(int argc, char** argv) {
 
         // THE BUG: each rank rotates its shard at local positions 0..L-1, forgetting the shard's place.
         std::vector<int64_t> right, wrong;
-        for (int64_t j = 0; j < 8; ++j) right.push_back(5 + global_index(j, 8, 0, n)), wrong.push_back(5 + j);
-        std::printf("THE BUG: ranks rotate at local positions. Rank 0 of the padded batch must use %s,\n"
-                    "         the bug uses %s.\n", join(right).c_str(), join(wrong).c_str());
+        for (int64_t j = 0; j < 8; ++j) {
+            right.push_back(5 + global_index(j, 8, 0, n));
+            wrong.push_back(5 + j);
+        }
+        std::printf(
+            "THE BUG: ranks rotate at local positions. Rank 0 of the padded batch must use %s,\n"
+            "         the bug uses %s.\n",
+            join(right).c_str(), join(wrong).c_str());
         const Outcome whole = run(*naive, config, full, {.offset = 5});
         std::vector<float> k_union;
-        const std::vector<float> q_union = union_of_ranks(*naive, config, full, padded_lengths, n,
-                                                          [&](int64_t) { return PositionArrays{.offset = 5}; }, k_union);
+        const std::vector<float> q_union = union_of_ranks(
+            *naive, config, full, padded_lengths, n, [&](int64_t) { return PositionArrays{.offset = 5}; }, k_union);
         const Distance off = distance(q_union, q_want);
         std::printf("  union vs unsharded: %s; vs float64: %s\n", identical(q_union, whole.q) ? "identical" : "DIFFERS",
                     off.text().c_str());
@@ -772,12 +796,16 @@ int main(int argc, char** argv) {
     std::vector<int> kind;
     // 4 text tokens, an image of 3 x 4 merged patches, 2 text tokens, a video of
     // 2 frames of 2 x 3, and 3 text tokens: 33 tokens.
-    const std::vector<int64_t> ids = mrope_ids({{4, 0, 0, 0}, {0, 1, 3, 4}, {2, 0, 0, 0}, {0, 2, 2, 3}, {3, 0, 0, 0}}, kind);
+    const std::vector<int64_t> ids =
+        mrope_ids({{4, 0, 0, 0}, {0, 1, 3, 4}, {2, 0, 0, 0}, {0, 2, 2, 3}, {3, 0, 0, 0}}, kind);
     const int64_t tokens = int64_t(kind.size());
     {
-        auto row = [&](int64_t axis) { return std::vector<int64_t>(ids.begin() + axis * tokens, ids.begin() + (axis + 1) * tokens); };
-        std::printf("text(4) image(1x3x4) text(2) video(2x2x3) text(3): %ld tokens, ids as get_rope_index makes them:\n",
-                    long(tokens));
+        auto row = [&](int64_t axis) {
+            return std::vector<int64_t>(ids.begin() + axis * tokens, ids.begin() + (axis + 1) * tokens);
+        };
+        std::printf(
+            "text(4) image(1x3x4) text(2) video(2x2x3) text(3): %ld tokens, ids as get_rope_index makes them:\n",
+            long(tokens));
         std::printf("  kind      ");
         for (int k : kind) std::printf(" %2s", k == 0 ? "T" : k == 1 ? "I" : "V");
         const char* names[] = {"temporal", "height", "width"};
@@ -786,9 +814,10 @@ int main(int argc, char** argv) {
             for (int64_t id : row(axis)) std::printf(" %2ld", long(id));
         }
         const int64_t largest = *std::max_element(ids.begin(), ids.end());
-        std::printf("\nThe last id is %ld for %ld tokens: the next generated token is at %ld = %ld + rope_delta (%ld),\n"
-                    "on all three rows, and so on: decoding is plain RoPE with an offset.\n",
-                    long(largest), long(tokens), long(largest + 1), long(tokens), long(largest + 1 - tokens));
+        std::printf(
+            "\nThe last id is %ld for %ld tokens: the next generated token is at %ld = %ld + rope_delta (%ld),\n"
+            "on all three rows, and so on: decoding is plain RoPE with an offset.\n",
+            long(largest), long(tokens), long(largest + 1), long(tokens), long(largest + 1 - tokens));
         csv.table("M-RoPE ids of text(4) image(1x3x4) text(2) video(2x2x3) text(3); kind 0 text, 1 image, 2 video",
                   "token,temporal,height,width,kind");
         for (int64_t t = 0; t < tokens; ++t)
@@ -797,12 +826,12 @@ int main(int argc, char** argv) {
     // Three models' M-RoPE: Qwen2-VL (contiguous [16, 24, 24], half-split pairs, base 1e6),
     // Qwen3-VL (interleaved [24, 20, 20], half-split, base 5e6) and GLM-4.1V (contiguous
     // [8, 12, 12] over rotary_dim 64 of head_dim 128, interleaved pairs, base 10000).
-    const rope::RopeConfig qwen2vl = mrope_config(128, 0, 1e6, rope::Style::half_split,
-                                                  rope::AxisAssignment::mrope_contiguous, {16, 24, 24});
-    const rope::RopeConfig qwen3vl = mrope_config(128, 0, 5e6, rope::Style::half_split,
-                                                  rope::AxisAssignment::mrope_interleaved, {24, 20, 20});
-    const rope::RopeConfig glm4v = mrope_config(128, 64, 10000.0, rope::Style::interleaved,
-                                                rope::AxisAssignment::mrope_contiguous, {8, 12, 12});
+    const rope::RopeConfig qwen2vl =
+        multi_axis_config(128, 0, 1e6, rope::Style::half_split, rope::AxisAssignment::mrope_contiguous, {16, 24, 24});
+    const rope::RopeConfig qwen3vl =
+        multi_axis_config(128, 0, 5e6, rope::Style::half_split, rope::AxisAssignment::mrope_interleaved, {24, 20, 20});
+    const rope::RopeConfig glm4v = multi_axis_config(128, 64, 10000.0, rope::Style::interleaved,
+                                                     rope::AxisAssignment::mrope_contiguous, {8, 12, 12});
     const Tensors prompt = random_tensors(1, tokens, 4, 2, 128, false, 806);
     std::vector<int64_t> text_ids;  // The text-only test: three equal rows 0..tokens-1.
     for (int64_t axis = 0; axis < 3; ++axis)
@@ -821,23 +850,28 @@ int main(int argc, char** argv) {
     // The image check: the mixed prompt against float64 with the model's own rule.
     auto image_check = [&](rope::Backend& backend, const rope::RopeConfig& config, const rope::RopeConfig& model,
                            const std::vector<int64_t>& call_ids) {
-        return distance(run(backend, config, prompt, {.ids = call_ids, .axes = 3}).q, mrope_float64(prompt.q, 4, model, ids));
+        return distance(run(backend, config, prompt, {.ids = call_ids, .axes = 3}).q,
+                        mrope_float64(prompt.q, 4, model, ids));
     };
     {
         struct Model {
             const char* name;
             const rope::RopeConfig& config;
         };
-        for (const Model& model : {Model{"Qwen2-VL, contiguous [16,24,24], half-split", qwen2vl},
-                                   Model{"Qwen3-VL, interleaved [24,20,20], half-split", qwen3vl},
-                                   Model{"GLM-4.1V, contiguous [8,12,12] of rotary_dim 64, interleaved pairs", glm4v}}) {
-            expect_everywhere(checks, backends, std::string(model.name) + ": text-only = plain RoPE bit for bit; "
-                                                                          "the mixed prompt matches float64",
+        for (const Model& model :
+             {Model{"Qwen2-VL, contiguous [16,24,24], half-split", qwen2vl},
+              Model{"Qwen3-VL, interleaved [24,20,20], half-split", qwen3vl},
+              Model{"GLM-4.1V, contiguous [8,12,12] of rotary_dim 64, interleaved pairs", glm4v}}) {
+            expect_everywhere(checks, backends,
+                              std::string(model.name) +
+                                  ": text-only = plain RoPE bit for bit; "
+                                  "the mixed prompt matches float64",
                               [&](rope::Backend& backend) {
                                   const bool text = text_check(backend, model.config, model.config);
                                   const Outcome mixed = run(backend, model.config, prompt, {.ids = ids, .axes = 3});
-                                  Verdict verdict = against_float64(mixed, mrope_float64(prompt.q, 4, model.config, ids),
-                                                                    mrope_float64(prompt.k, 2, model.config, ids));
+                                  Verdict verdict =
+                                      against_float64(mixed, mrope_float64(prompt.q, 4, model.config, ids),
+                                                      mrope_float64(prompt.k, 2, model.config, ids));
                                   return Verdict{text && verdict.passed,
                                                  (text ? "text identical, " : "text DIFFERS, ") + verdict.detail};
                               });
@@ -851,13 +885,15 @@ int main(int argc, char** argv) {
         double vision_gap = 0;
         const int64_t row = 4 * 128;
         for (int64_t t = 0; t < tokens; ++t) {
-            const std::vector<float> x(a.q.begin() + t * row, a.q.begin() + (t + 1) * row);
-            const std::vector<float> y(b.q.begin() + t * row, b.q.begin() + (t + 1) * row);
-            if (kind[size_t(t)] == 0) text_same = text_same && identical(x, y);
-            else vision_gap = std::max(vision_gap, tutorial::max_abs_difference(x, y));
+            const std::vector<float> x = token_rows(a.q, t, t + 1, row), y = token_rows(b.q, t, t + 1, row);
+            if (kind[size_t(t)] == 0)
+                text_same = text_same && identical(x, y);
+            else
+                vision_gap = std::max(vision_gap, tutorial::max_abs_difference(x, y));
         }
-        std::printf("Sections [24,20,20] contiguous vs interleaved: text tokens %s, image/video tokens differ by up to %.2f\n",
-                    text_same ? "identical" : "DIFFER", vision_gap);
+        std::printf(
+            "Sections [24,20,20] contiguous vs interleaved: text tokens %s, image/video tokens differ by up to %.2f\n",
+            text_same ? "identical" : "DIFFER", vision_gap);
         checks.expect(text_same && vision_gap > 0.1,
                       "contiguous and interleaved sections agree on text (three equal ids: the axis does not matter) "
                       "and differ on images");
@@ -907,7 +943,8 @@ int main(int argc, char** argv) {
         const std::vector<int64_t> patch_ids = vision_patch_ids(4, 6);  // An image of 4 x 6 patches.
         const int64_t patches = int64_t(patch_ids.size()) / 2;
         std::printf("Qwen2-VL vision: 4 x 6 patches stored by 2x2 merge windows; (row, col) of the first 8:\n  ");
-        for (int64_t t = 0; t < 8; ++t) std::printf("(%ld,%ld) ", long(patch_ids[size_t(t)]), long(patch_ids[size_t(patches + t)]));
+        for (int64_t t = 0; t < 8; ++t)
+            std::printf("(%ld,%ld) ", long(patch_ids[size_t(t)]), long(patch_ids[size_t(patches + t)]));
         std::printf("\n  (a video's frames repeat the same (row, col) ids: the tower has no temporal axis)\n");
         const Tensors image = random_tensors(1, patches, 4, 4, 80, false, 807);
         expect_everywhere(checks, backends, "axial 2-D [20, 20] (Qwen2-VL vision, head_dim 80): matches float64",
@@ -926,7 +963,11 @@ int main(int argc, char** argv) {
         std::vector<int64_t> f, r, c;  // A latent of 2 frames x 3 x 4.
         for (int64_t frame = 0; frame < 2; ++frame)
             for (int64_t y = 0; y < 3; ++y)
-                for (int64_t x = 0; x < 4; ++x) f.push_back(frame), r.push_back(y), c.push_back(x);
+                for (int64_t x = 0; x < 4; ++x) {
+                    f.push_back(frame);
+                    r.push_back(y);
+                    c.push_back(x);
+                }
         std::vector<int64_t> latent_ids = f;
         latent_ids.insert(latent_ids.end(), r.begin(), r.end());
         latent_ids.insert(latent_ids.end(), c.begin(), c.end());
@@ -958,7 +999,8 @@ int main(int argc, char** argv) {
         const Distance pairing = distance(run(*naive, half, latent, {.ids = latent_ids, .axes = 3}).q,
                                           axial_float64(latent.q, 4, diffusion, latent_ids));
         std::printf("  row and column swapped ([W, H] for an [H, W] model):   %s\n", swap.text().c_str());
-        std::printf("  frequency index not restarted per axis:               rel L2 %s\n", tutorial::sci(restart, 1).c_str());
+        std::printf("  frequency index not restarted per axis:               rel L2 %s\n",
+                    tutorial::sci(restart, 1).c_str());
         std::printf("  half-split pairs on the (16,56,56) interleaved model: %s\n", pairing.text().c_str());
         caught(!swap.within(), "axes swapped: caught by a non-square image against float64");
         caught(restart > kRelTolerance, "frequency index not restarted: caught against float64");
@@ -973,19 +1015,18 @@ int main(int argc, char** argv) {
         config.head_dim = 128;
         config.rotary_dim = 64;
         const int64_t rows = 64, pairs = 32;
-        const std::vector<int64_t> token_ids{0, 1, 2, 3, 63, 62, 17, 5, 40, 41, 8, 33, 9, 10, 60, 11, 12, 50, 13, 14, 27, 15, 16, 31};
+        const std::vector<int64_t> token_ids{0, 1,  2,  3,  63, 62, 17, 5,  40, 41, 8,  33,
+                                             9, 10, 60, 11, 12, 50, 13, 14, 27, 15, 16, 31};
         const Tensors x = random_tensors(1, 24, 4, 2, 128, false, 809);
         const PositionArrays at_ids{.ids = token_ids};
-        const std::vector<float> real = cos_sin_table(rows, pairs, [&](int64_t p, int64_t i) {
-            return double(p) * theta(config.base, i, 64);
-        });
+        const std::vector<float> real =
+            cos_sin_table(rows, pairs, [&](int64_t p, int64_t i) { return double(p) * theta(config.base, i, 64); });
         std::mt19937 generator(810);  // Angles no formula would produce.
         std::uniform_real_distribution<double> any_angle(-kPi, kPi);
         std::vector<double> random_angles(size_t(rows * pairs));
         for (double& angle : random_angles) angle = any_angle(generator);
-        const std::vector<float> random = cos_sin_table(rows, pairs, [&](int64_t p, int64_t i) {
-            return random_angles[size_t(p * pairs + i)];
-        });
+        const std::vector<float> random =
+            cos_sin_table(rows, pairs, [&](int64_t p, int64_t i) { return random_angles[size_t(p * pairs + i)]; });
         std::printf("table [%ld rows, 64]: row p = cos of the 32 pairs' angles at p, then their sines (float32)\n",
                     long(rows));
         struct Table {
@@ -1014,8 +1055,8 @@ int main(int argc, char** argv) {
         // THE BUG: the table stored in fp16, as some engines did.
         std::vector<float> fp16_table = random;
         for (float& value : fp16_table) value = rope::to_float(rope::to_float16(value));
-        const Distance fp16 = distance(run(*naive, config, x, at_ids, fp16_table).q,
-                                       table_float64(x.q, 4, config, random, token_ids));
+        const Distance fp16 =
+            distance(run(*naive, config, x, at_ids, fp16_table).q, table_float64(x.q, 4, config, random, token_ids));
         std::printf("  fp16 table:     %s\n", fp16.text().c_str());
         caught(!fp16.within(), "an fp16 table: caught against float64 (10 bits of cos and sin)");
         std::vector<uint16_t> fp16_bits(random.size());
@@ -1025,7 +1066,8 @@ int main(int argc, char** argv) {
                                                    {1, 24, 4, 128});
         auto k_view = rope::TensorView::contiguous(nullptr, rope::DType::f32, rope::Device::host, rope::Layout::bshd,
                                                    {1, 24, 0, 128});
-        rope::RopeArgs fp16_args = rope::RopeArgs::in_place(q_view, k_view, rope::Positions::shared(token_ids.data(), 24));
+        rope::RopeArgs fp16_args =
+            rope::RopeArgs::in_place(q_view, k_view, rope::Positions::shared(token_ids.data(), 24));
         fp16_args.cos_sin_cache = {fp16_bits.data(), rope::DType::f16, rope::Device::host, rows, 64, 64};
         std::string refusal;
         try {
@@ -1052,8 +1094,9 @@ int main(int argc, char** argv) {
         for (int64_t e = 4 * 4 * 128; e < 5 * 4 * 128; ++e)
             if (e % 128 < 64) token4_flagged = token4_flagged || std::isnan(clamp.q[size_t(e)]);
         std::printf("  clamping kernel: token 4 silently gets row 63's rotation, finite and wrong\n");
-        caught(!token4_flagged, "a kernel clamping ids into the table fails the out-of-range test (a refusal or NaN, "
-                                "never a finite rotation)");
+        caught(!token4_flagged,
+               "a kernel clamping ids into the table fails the out-of-range test (a refusal or NaN, "
+               "never a finite rotation)");
 
         // On a device the ids cannot be checked before the launch: the kernels write NaN
         // into that token's rotated features, copy its pass-through features, and read nothing outside.
@@ -1068,17 +1111,23 @@ int main(int argc, char** argv) {
                 for (int64_t e = 0; e < 4 * 128; ++e) {
                     const size_t at = size_t(t * 4 * 128 + e);
                     const bool rotated = e % 128 < 64;
-                    if (t == 4 && rotated) nan_rotated = nan_rotated && std::isnan(outcome.q[at]);
-                    else if (t == 4) rest_right = rest_right && outcome.q[at] == x.q[at];
-                    else rest_right = rest_right && std::fabs(outcome.q[at] - want[at]) < kAbsTolerance;
+                    if (t == 4 && rotated)
+                        nan_rotated = nan_rotated && std::isnan(outcome.q[at]);
+                    else if (t == 4)
+                        rest_right = rest_right && outcome.q[at] == x.q[at];
+                    else
+                        rest_right = rest_right && std::fabs(outcome.q[at] - want[at]) < kAbsTolerance;
                 }
             checks.expect(nan_rotated && rest_right,
-                          backend->name() + ": device id 64 past a 64-row table: NaN in that token's 64 rotated "
-                                            "features, its pass-through copied, every other token right");
+                          backend->name() +
+                              ": device id 64 past a 64-row table: NaN in that token's 64 rotated "
+                              "features, its pass-through copied, every other token right");
         }
         if (!any_cuda)
-            std::printf("  device ids past the table (NaN in that token's rotated features): skipped, no CUDA backend "
-                        "runs here (%ld skipped above)\n", long(backends.skipped));
+            std::printf(
+                "  device ids past the table (NaN in that token's rotated features): skipped, no CUDA backend "
+                "runs here (%ld skipped above)\n",
+                long(backends.skipped));
     }
 
     // -----------------------------------------------------------------------
@@ -1094,34 +1143,41 @@ int main(int argc, char** argv) {
             {"M-RoPE contiguous, Qwen2-VL [16,24,24]", qwen2vl},
             {"M-RoPE interleaved, Qwen3-VL [24,20,20]", qwen3vl},
             {"axial 2-D, Qwen2-VL vision (head_dim 80) [20,20]",
-             mrope_config(80, 0, 10000.0, rope::Style::half_split, rope::AxisAssignment::axial, {20, 20})},
+             multi_axis_config(80, 0, 10000.0, rope::Style::half_split, rope::AxisAssignment::axial, {20, 20})},
             {"axial 3-D, diffusion (16,56,56) -> [8,28,28]",
-             mrope_config(128, 0, 10000.0, rope::Style::interleaved, rope::AxisAssignment::axial, {8, 28, 28})}};
+             multi_axis_config(128, 0, 10000.0, rope::Style::interleaved, rope::AxisAssignment::axial, {8, 28, 28})}};
         bool agree = true;
         for (const PairLayout& layout : layouts) {
             const rope::RopeConfig& config = layout.config;
             const int64_t pairs = config.effective_rotary_dim() / 2;
             const bool axial = config.multi_axis.assignment == rope::AxisAssignment::axial;
             const std::vector<uint8_t> library = rope::make_frequency_table(config, 1).pair_axis;
-            csv.table(layout.name, "pair,axis,theta_index,half_split_first,half_split_second,interleaved_first,interleaved_second,axis_name");
+            csv.table(layout.name,
+                      "pair,axis,theta_index,half_split_first,half_split_second,interleaved_first,interleaved_second,"
+                      "axis_name");
             std::printf("  %-50s axis of pairs 0..%ld: ", layout.name, long(pairs - 1));
             for (int64_t i = 0; i < pairs; ++i) {
                 int64_t axis = 0, index = i;  // The axis and the theta index, by this chapter's rules.
                 if (axial) {
-                    while (index >= config.multi_axis.sections[size_t(axis)]) index -= config.multi_axis.sections[size_t(axis++)];
+                    while (index >= config.multi_axis.sections[size_t(axis)])
+                        index -= config.multi_axis.sections[size_t(axis++)];
                 } else {
                     axis = mrope_axis(config.multi_axis.assignment == rope::AxisAssignment::mrope_interleaved,
                                       config.multi_axis.sections, i);
                 }
                 agree = agree && int64_t(library[size_t(i)]) == axis;
                 // Axis names: M-RoPE and 3-D axial have (t, h, w); 2-D axial has (h, w).
-                const char* name = (axial && pairs == 40) ? (axis == 0 ? "h" : "w") : (axis == 0 ? "t" : axis == 1 ? "h" : "w");
+                const char* name = (axial && pairs == 40) ? (axis == 0 ? "h" : "w")
+                                                          : (axis == 0   ? "t"
+                                                             : axis == 1 ? "h"
+                                                                         : "w");
                 std::printf("%s", name);
                 csv.row(i, axis, index, i, i + pairs, 2 * i, 2 * i + 1, name);
             }
             std::printf("\n");
         }
-        checks.expect(agree, "the library's FrequencyTable::pair_axis follows the chapter's rules for all four layouts");
+        checks.expect(agree,
+                      "the library's FrequencyTable::pair_axis follows the chapter's rules for all four layouts");
     }
     csv.announce();
 
