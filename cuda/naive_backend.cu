@@ -103,6 +103,7 @@ public:
         args.total_items = args.q_items + plan.k.in_geometry.heads * rows_per_head;
         if (args.total_items == 0) return;
 
+        //! [launch]
         constexpr int threads = 256;
         const int64_t blocks = (args.total_items + threads - 1) / threads;
         const unsigned grid = static_cast<unsigned>(blocks < INT_MAX ? blocks : INT_MAX);  // The loop covers the rest.
@@ -113,6 +114,7 @@ public:
                                        cuda_detail::launch_config(grid, threads, cuda_detail::stream_of(plan)),
                                        rope_naive_kernel<Storage>, args);
         });
+        //! [launch]
     }
 };
 
