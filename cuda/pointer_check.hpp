@@ -43,11 +43,11 @@ namespace rope::cuda_detail {
 inline void check_device_pointer(const char* name, const void* pointer, int device) {
     cudaPointerAttributes attributes{};
     const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
-    if (status != cudaSuccess) {
-        cudaGetLastError();  // Reported here; not left behind for the caller's next check.
-        fail(name, pointer, std::string("cannot be used on the GPU (cudaPointerGetAttributes: ") +
-                                cudaGetErrorName(status) + ")");
+    if (status == cudaErrorInvalidValue) {  // An address CUDA does not know at all.
+        cudaGetLastError();                 // Reported here; not left behind for the caller's next check.
+        fail(name, pointer, "is not memory CUDA knows (cudaPointerGetAttributes: cudaErrorInvalidValue)");
     }
+    check_cuda(status, "cudaPointerGetAttributes");  // Any other failure, in CUDA's own words.
     switch (attributes.type) {
         case cudaMemoryTypeDevice:
             if (attributes.device != device)
