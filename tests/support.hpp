@@ -164,7 +164,7 @@ std::unique_ptr<rope::Backend> backend_or_skip(const std::string& name);
 // needs more than a backend (a second GPU, device memory).
 void report_skip(const std::string& what, const std::string& reason);
 
-// How many backend test cases this process skipped (printed at exit by main).
+// How many test cases this process skipped (printed at exit by main).
 int& skipped_backend_tests();
 
 // Oracle results for the call's q and k (from the call's inputs, before any in-place run).
