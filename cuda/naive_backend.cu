@@ -16,6 +16,7 @@
 
 #include "check.hpp"
 #include "kernel_args.cuh"
+#include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/rotation.hpp"
@@ -88,6 +89,7 @@ public:
     Device device() const override { return Device::cuda; }
     BackendLimits limits() const override { return cuda_detail::cuda_limits(); }
     void run(const Plan& plan) override {
+        cuda_detail::check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
         NaiveArgs args{};
         args.operands[0] = plan.q;
         args.operands[1] = plan.k;

@@ -1,8 +1,12 @@
 // Randomised differential testing: a seeded generator of random valid calls
-// (shapes including head_dim 2 and odd head counts, both layouts, padded and
-// spaced strides, both styles, partial rotary, small and very large positions,
-// grouped-query heads, every dtype, inverse, in place, the precise-angle mode)
-// run on every available backend against the float64 oracle and against cpu-naive.
+// (shapes including head_dim 2 and odd head counts, both layouts, both styles,
+// partial rotary, small and very large positions, grouped-query heads, every
+// dtype, inverse, in place, the precise-angle mode, and for each of the four
+// tensors a memory arrangement: dense, padded, features 2 apart, off 16-byte
+// alignment, heads and seq swapped, sometimes a tail of storage beyond the
+// view) run on every available backend against the float64 oracle and against
+// cpu-naive. Every byte of storage the call must not write (outside the
+// outputs' views; an out-of-place call's inputs) is checked too.
 //
 // ROPE_DIFFERENTIAL_CONFIGS sets how many calls (default 2000); a failure
 // prints the process seed (ROPE_TEST_SEED reproduces the whole run) and the
@@ -46,14 +50,15 @@ RandomCall random_call(std::mt19937_64& rng) {
     const int64_t batch = uniform(rng, 1, 3), seq = uniform(rng, 1, 9);
     const int64_t k_heads = uniform(rng, 0, 9) == 0 ? 0 : uniform(rng, 1, 3);
     const int64_t q_heads = std::max<int64_t>(k_heads, 1) * uniform(rng, 1, 4);
-    const int64_t pad = uniform(rng, 0, 2) == 0 ? uniform(rng, 1, 5) : 0;
-    const int64_t dim_stride = uniform(rng, 0, 4) == 0 ? 2 : 1;
+    std::array<testing::StorageOptions, 4> storage;  // q, k, q_out, k_out
+    for (testing::StorageOptions& options : storage) options = testing::random_storage(rng);
     auto shape = [&](int64_t heads) {
         return layout == rope::Layout::bhsd ? std::array<int64_t, 4>{batch, heads, seq, config.head_dim}
                                             : std::array<int64_t, 4>{batch, seq, heads, config.head_dim};
     };
     RandomCall r;
-    r.call = testing::make_call(config, dtype, layout, shape(q_heads), shape(k_heads), pad, dim_stride);
+    r.call = testing::make_call(config, dtype, layout, shape(q_heads), shape(k_heads));
+    testing::arrange(r.call, storage, rng);
     r.call.direction = uniform(rng, 0, 3) == 0 ? rope::Direction::inverse : rope::Direction::forward;
     r.call.in_place = uniform(rng, 0, 2) == 0;
     // Positions: mostly short, sometimes far into a long context.
@@ -70,8 +75,10 @@ RandomCall random_call(std::mt19937_64& rng) {
     std::ostringstream text;
     text << rope::style_name(config.style) << " " << rope::layout_name(layout) << " " << rope::dtype_name(dtype)
          << " q[" << batch << "," << q_heads << "," << seq << "," << config.head_dim << "] k_heads " << k_heads
-         << " rotary " << config.effective_rotary_dim() << " base " << config.base << " pad " << pad << " dim_stride "
-         << dim_stride << (config.precise_angles ? " precise" : "") << (r.call.in_place ? " in-place" : " out-of-place")
+         << " rotary " << config.effective_rotary_dim() << " base " << config.base << " storage "
+         << testing::storage_name(storage[0]) << "/" << testing::storage_name(storage[1]) << "/"
+         << testing::storage_name(storage[2]) << "/" << testing::storage_name(storage[3])
+         << (config.precise_angles ? " precise" : "") << (r.call.in_place ? " in-place" : " out-of-place")
          << (r.call.direction == rope::Direction::inverse ? " inverse" : " forward") << " positions "
          << (kind == 0 ? "offset " + std::to_string(r.call.offset) : (kind == 1 ? "shared ids" : "per-sequence ids"))
          << " (max " << r.max_position << ")";
@@ -119,6 +126,11 @@ TEST_CASE("randomised differential run: every available backend vs the oracle an
             const testing::Call& result = b == 0 ? reference : call;
             bool ok = true;
             std::ostringstream why;
+            const std::string writes = testing::unexpected_writes(r.call, result);
+            if (!writes.empty()) {
+                ok = false;
+                why << " " << writes;
+            }
             for (int which = 0; which < 2; ++which) {
                 const auto got = (which == 0 ? result.q_result() : result.k_result()).values();
                 const auto& exact = which == 0 ? want.q : want.k;

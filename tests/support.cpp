@@ -5,10 +5,35 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <iterator>
+#include <sstream>
 
 #include <doctest/doctest.h>
 
 namespace testing {
+namespace {
+
+// Calls f(e) for every element of the view, e being its offset in elements from view.data.
+template <typename F>
+void for_each_element(const rope::TensorView& v, F f) {
+    for (int64_t a = 0; a < v.shape[0]; ++a)
+        for (int64_t b = 0; b < v.shape[1]; ++b)
+            for (int64_t c = 0; c < v.shape[2]; ++c)
+                for (int64_t d = 0; d < v.shape[3]; ++d)
+                    f(a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3]);
+}
+
+// Which 2-byte units of the tensor's storage belong to an element of its view.
+std::vector<bool> units_in_view(const HostTensor& t) {
+    std::vector<bool> inside(t.storage.size(), false);
+    const int64_t units = rope::dtype_size(t.view.dtype) / 2;
+    for_each_element(t.view, [&](int64_t e) {
+        for (int64_t u = 0; u < units; ++u) inside[size_t(t.offset_units + e * units + u)] = true;
+    });
+    return inside;
+}
+
+}  // namespace
 
 uint64_t seed() {
     static const uint64_t value = [] {
@@ -44,16 +69,16 @@ HostTensor HostTensor::make(rope::DType dtype, rope::Layout layout, std::array<i
 }
 
 void HostTensor::fill_random() {
+    poison();
     std::uniform_real_distribution<float> magnitude(0.05f, 2.0f);
     std::bernoulli_distribution negative(0.5);
-    const int64_t count = int64_t(storage.size() * 2 / rope::dtype_size(view.dtype));
-    for (int64_t i = 0; i < count; ++i) {
+    for_each_element(view, [&](int64_t e) {
         const float value = negative(rng()) ? -magnitude(rng()) : magnitude(rng());
         rope::dispatch_dtype(view.dtype, [&](auto storage_type) {
             using Storage = decltype(storage_type);
-            static_cast<Storage*>(view.data)[i] = rope::from_float<Storage>(value);
+            static_cast<Storage*>(view.data)[e] = rope::from_float<Storage>(value);
         });
-    }
+    });
 }
 
 void HostTensor::poison() {
@@ -64,6 +89,76 @@ void HostTensor::poison() {
         // 0x7e00 is a quiet NaN in binary16; 0x7fc0 in bfloat16.
         std::fill(storage.begin(), storage.end(), view.dtype == rope::DType::f16 ? 0x7e00 : 0x7fc0);
     }
+}
+
+const char* arrangement_name(Arrangement arrangement) {
+    switch (arrangement) {
+        case Arrangement::dense: return "dense";
+        case Arrangement::padded: return "padded";
+        case Arrangement::dim_stride_2: return "dim_stride_2";
+        case Arrangement::misaligned: return "misaligned";
+        case Arrangement::transposed: return "transposed";
+    }
+    return "?";
+}
+
+StorageOptions random_storage(std::mt19937_64& rng) {
+    StorageOptions options;
+    if (rng() % 2 == 0) options.arrangement = all_arrangements[rng() % std::size(all_arrangements)];
+    if (rng() % 3 == 0) options.tail = int64_t(1 + rng() % 8);
+    return options;
+}
+
+std::string storage_name(const StorageOptions& options) {
+    std::string name = arrangement_name(options.arrangement);
+    if (options.tail > 0) name += "+tail" + std::to_string(options.tail);
+    return name;
+}
+
+HostTensor HostTensor::arranged(rope::DType dtype, rope::Layout layout, std::array<int64_t, 4> shape,
+                                const StorageOptions& options, std::mt19937_64& rng) {
+    HostTensor t;
+    t.view.dtype = dtype;
+    t.view.layout = layout;
+    t.view.device = rope::Device::host;
+    t.view.shape = shape;
+    // Axes in memory order, outermost first, features last. A thd view is
+    // [tokens, heads, features, 1]: its unit axis takes no part.
+    const bool packed = layout == rope::Layout::thd;
+    const int head_axis = packed ? 1 : layout == rope::Layout::bhsd ? 1 : 2;
+    const int seq_axis = packed ? 0 : layout == rope::Layout::bhsd ? 2 : 1;
+    std::vector<int> order = packed ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1, 2, 3};
+    const Arrangement arrangement = options.arrangement;
+    if (arrangement == Arrangement::transposed)
+        std::swap(order[size_t(std::find(order.begin(), order.end(), head_axis) - order.begin())],
+                  order[size_t(std::find(order.begin(), order.end(), seq_axis) - order.begin())]);
+    // Padding: multiples of 8 elements keep every row 16-byte aligned in every
+    // dtype (the CUDA vector path still applies), odd counts do not.
+    const bool aligned_padding = rng() % 2 == 0;
+    auto pad = [&]() -> int64_t {
+        if (arrangement != Arrangement::padded) return 0;
+        return aligned_padding ? int64_t(8 * (1 + rng() % 3)) : int64_t(1 + 2 * (rng() % 3));
+    };
+    int64_t stride = arrangement == Arrangement::dim_stride_2 ? 2 : 1;
+    for (size_t i = order.size(); i-- > 0;) {
+        const int axis = order[i];
+        t.view.strides[size_t(axis)] = stride;
+        stride = stride * std::max<int64_t>(shape[size_t(axis)], 1) + pad();
+    }
+    if (packed) t.view.strides[3] = 1;  // The unit axis (never stepped along).
+    const int64_t lead = arrangement == Arrangement::misaligned ? 1 : 0;
+    int64_t span = 0;  // Elements from the view's first to its last, inclusive.
+    if (t.view.numel() > 0) {
+        span = 1;
+        for (int axis = 0; axis < 4; ++axis) span += (shape[size_t(axis)] - 1) * t.view.strides[size_t(axis)];
+    }
+    const int64_t units = rope::dtype_size(dtype) / 2;
+    t.storage.assign(size_t((lead + span + options.tail) * units), 0);
+    t.offset_units = lead * units;
+    // std::vector's memory comes from operator new, 16-byte aligned on the
+    // platforms we build for; one element in, the view is off that alignment.
+    t.view.data = t.storage.data() + t.offset_units;
+    return t;
 }
 
 rope::Positions Call::positions() const {
@@ -86,37 +181,53 @@ Call make_call(const rope::RopeConfig& config, rope::DType dtype, rope::Layout l
     return call;
 }
 
+void arrange(Call& call, const std::array<StorageOptions, 4>& storage, std::mt19937_64& rng) {
+    HostTensor* tensors[] = {&call.q, &call.k, &call.q_out, &call.k_out};
+    for (size_t i = 0; i < 4; ++i) {
+        const rope::TensorView& old = tensors[i]->view;
+        *tensors[i] = HostTensor::arranged(old.dtype, old.layout, old.shape, storage[i], rng);
+        if (i < 2) tensors[i]->fill_random();
+        else tensors[i]->poison();
+    }
+}
+
+std::string unexpected_writes(const Call& before, const Call& after) {
+    std::ostringstream problems;
+    // `view_written`: the call was meant to write this tensor's view (and nothing else of it).
+    auto compare = [&](const char* name, const HostTensor& was, const HostTensor& now, bool view_written) {
+        REQUIRE(was.storage.size() == now.storage.size());
+        const std::vector<bool> inside = view_written ? units_in_view(now) : std::vector<bool>(now.storage.size());
+        for (size_t i = 0; i < now.storage.size(); ++i) {
+            if (inside[i] || was.storage[i] == now.storage[i]) continue;
+            problems << name << ": storage unit " << i << (view_written ? " outside the view" : "") << " was written"
+                     << (view_written ? "" : " (this call must not write it)") << "; ";
+            return;
+        }
+    };
+    compare("q", before.q, after.q, after.in_place);
+    compare("k", before.k, after.k, after.in_place);
+    compare("q_out", before.q_out, after.q_out, !after.in_place);
+    compare("k_out", before.k_out, after.k_out, !after.in_place);
+    return problems.str();
+}
+
 namespace {
 
-// A device copy of one host tensor, same strides, padding included.
-struct Staged {
-    rope::Buffer buffer;
-    rope::TensorView view;
-};
-
-Staged stage(const HostTensor& host) {
-    Staged staged{rope::Buffer(rope::Device::cuda, host.bytes()), host.view};
+// A device copy of one host tensor's whole storage, its view re-pointed at the
+// same byte offset, so a misaligned view stays misaligned on the device.
+DeviceCall::Tensor stage(const HostTensor& host) {
+    DeviceCall::Tensor staged{rope::Buffer(rope::Device::cuda, host.bytes()), host.view};
     staged.buffer.copy_from_host(host.storage.data());
-    staged.view.data = host.view.numel() > 0 ? staged.buffer.data() : nullptr;
+    staged.view.data = host.view.numel() > 0 ? static_cast<uint16_t*>(staged.buffer.data()) + host.offset_units : nullptr;
     staged.view.device = rope::Device::cuda;
     return staged;
 }
 
 }  // namespace
 
-void run(rope::Backend& backend, Call& call, const std::function<void(rope::RopeArgs&)>& adjust) {
+DeviceCall::DeviceCall(const Call& call)
+    : q(stage(call.q)), k(stage(call.k)), q_out(stage(call.q_out)), k_out(stage(call.k_out)) {
     rope::Positions positions = call.positions();
-    if (backend.device() == rope::Device::host) {
-        rope::RopeArgs args = call.in_place
-                                        ? rope::RopeArgs::in_place(call.q.view, call.k.view, positions, call.direction)
-                                        : rope::RopeArgs::out_of_place(call.q.view, call.k.view, call.q_out.view,
-                                                                       call.k_out.view, positions, call.direction);
-        if (adjust) adjust(args);
-        rope::apply(backend, call.config, args);
-        return;
-    }
-    Staged q = stage(call.q), k = stage(call.k), q_out = stage(call.q_out), k_out = stage(call.k_out);
-    rope::Buffer ids;
     if (!call.ids.empty()) {
         ids = rope::Buffer(rope::Device::cuda, call.ids.size() * sizeof(int64_t));
         ids.copy_from_host(call.ids.data());
@@ -125,30 +236,42 @@ void run(rope::Backend& backend, Call& call, const std::function<void(rope::Rope
         // rope cannot read device-resident ids; length-dependent scaling needs their bound.
         positions.max_position = *std::max_element(call.ids.begin(), call.ids.end()) + 1;
     }
-    rope::RopeArgs args = call.in_place
-                              ? rope::RopeArgs::in_place(q.view, k.view, positions, call.direction)
-                              : rope::RopeArgs::out_of_place(q.view, k.view, q_out.view, k_out.view, positions,
-                                                             call.direction);
+    args = call.in_place ? rope::RopeArgs::in_place(q.view, k.view, positions, call.direction)
+                         : rope::RopeArgs::out_of_place(q.view, k.view, q_out.view, k_out.view, positions,
+                                                        call.direction);
+}
+
+void DeviceCall::copy_back(Call& call) const {
+    rope::cuda_synchronize();
+    q.buffer.copy_to_host(call.q.storage.data());
+    k.buffer.copy_to_host(call.k.storage.data());
+    q_out.buffer.copy_to_host(call.q_out.storage.data());
+    k_out.buffer.copy_to_host(call.k_out.storage.data());
+}
+
+void run(rope::Backend& backend, Call& call, const std::function<void(rope::RopeArgs&)>& adjust) {
+    if (backend.device() == rope::Device::host) {
+        const rope::Positions positions = call.positions();
+        rope::RopeArgs args = call.in_place
+                                        ? rope::RopeArgs::in_place(call.q.view, call.k.view, positions, call.direction)
+                                        : rope::RopeArgs::out_of_place(call.q.view, call.k.view, call.q_out.view,
+                                                                       call.k_out.view, positions, call.direction);
+        if (adjust) adjust(args);
+        rope::apply(backend, call.config, args);
+        return;
+    }
+    DeviceCall device(call);
+    rope::RopeArgs args = device.args;
     if (adjust) adjust(args);
-    // Copy the outputs back even when the call is rejected, so tests can see
-    // that a rejected call left the device memory untouched.
-    auto copy_back = [&] {
-        rope::cuda_synchronize();
-        if (call.in_place) {
-            q.buffer.copy_to_host(call.q.storage.data());
-            k.buffer.copy_to_host(call.k.storage.data());
-        } else {
-            q_out.buffer.copy_to_host(call.q_out.storage.data());
-            k_out.buffer.copy_to_host(call.k_out.storage.data());
-        }
-    };
+    // Copy back even when the call is rejected, so tests can see that a
+    // rejected call left the device memory untouched.
     try {
         rope::apply(backend, call.config, args);
     } catch (...) {
-        copy_back();
+        device.copy_back(call);
         throw;
     }
-    copy_back();
+    device.copy_back(call);
 }
 
 int& skipped_backend_tests() {
@@ -156,11 +279,15 @@ int& skipped_backend_tests() {
     return count;
 }
 
+void report_skip(const std::string& what, const std::string& reason) {
+    ++skipped_backend_tests();
+    std::cout << "ROPE_SKIPPED " << what << ": " << reason << std::endl;
+}
+
 std::unique_ptr<rope::Backend> backend_or_skip(const std::string& name) {
     const rope::BackendInfo info = rope::backend_info(name);
     if (!info.available) {
-        ++skipped_backend_tests();
-        std::cout << "ROPE_SKIPPED " << name << ": " << info.reason << std::endl;
+        report_skip(name, info.reason);
         return nullptr;
     }
     return rope::make_backend(name);
@@ -175,5 +302,34 @@ Expected oracle_for(const Call& call) {
 double fp32_tolerance(int64_t max_position) { return 1.5e-6 + 1.2e-8 * double(max_position); }
 
 double fp32_max_abs(int64_t max_position) { return 1e-5 + 3.4e-7 * double(max_position); }
+
+Tolerance oracle_tolerance(rope::DType dtype, int64_t max_position) {
+    const Tolerance float32{fp32_tolerance(max_position), fp32_max_abs(max_position)};
+    switch (dtype) {
+        case rope::DType::bf16: return {4e-3 + float32.rel_l2, 1.0 / 128 + float32.max_abs};
+        case rope::DType::f16: return {5e-4 + float32.rel_l2, 1.0 / 1024 + float32.max_abs};
+        case rope::DType::f32: break;
+    }
+    return float32;
+}
+
+Tolerance naive_agreement(rope::DType dtype) {
+    switch (dtype) {
+        case rope::DType::bf16: return {1.0 / 256, 1.0 / 64};
+        case rope::DType::f16: return {1.0 / 2048, 1.0 / 512};
+        case rope::DType::f32: break;
+    }
+    return {5e-7, 4e-6};
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel_tol, double abs_tol,
+                 const char* what) {
+    const oracle::ErrorStats stats = oracle::compare(got, want);
+    INFO(what << ": rel_l2 = " << stats.rel_l2 << " (tolerance " << rel_tol << "), max_abs = " << stats.max_abs
+              << " (tolerance " << abs_tol << "), non-finite = " << stats.non_finite);
+    CHECK(stats.non_finite == 0);
+    CHECK(stats.rel_l2 <= rel_tol);
+    CHECK(stats.max_abs <= abs_tol);
+}
 
 }  // namespace testing

@@ -10,6 +10,7 @@
 
 #include "check.hpp"
 #include "kernel_args.cuh"
+#include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
 #include "row_access.cuh"
 #include "unit_kernel.cuh"
@@ -65,6 +66,7 @@ public:
     Device device() const override { return Device::cuda; }
     BackendLimits limits() const override { return cuda_limits(); }
     void run(const Plan& plan) override {
+        check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
         const DeviceInfo device = current_device_info();
         dispatch_dtype(plan.dtype, [&](auto storage) {
             using Storage = decltype(storage);
