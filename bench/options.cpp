@@ -158,6 +158,7 @@ Options parse_options(int argc, const char* const* argv) {
         ->check(CLI::IsMember({"table", "csv", "json"}));
 
     options.usage = app.help();
+    if (argc < 1 || argv == nullptr) throw UsageError("argc = " + std::to_string(argc) + ": argv[0] must be the program's name");
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp&) {

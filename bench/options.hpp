@@ -74,8 +74,8 @@ public:
 };
 
 /// @brief Parses rope-bench's command line.
-/// @param argc number of entries of @p argv (argv[0] is the program name).
-/// @param argv the arguments.
+/// @param argc number of entries of @p argv, >= 1 (argv[0] is the program's name, not read).
+/// @param argv the arguments, each a non-null NUL-terminated string.
 /// @return the options; with --help, `help` is set and nothing else is checked.
 /// @throws UsageError for anything it cannot accept (and nothing else).
 Options parse_options(int argc, const char* const* argv);

@@ -129,6 +129,7 @@ TEST_CASE("what parse_options refuses, each with a UsageError") {
         CAPTURE(line);
         CHECK_THROWS_AS(parse(arguments), rope_bench::UsageError);
     }
+    CHECK_THROWS_AS(rope_bench::parse_options(0, nullptr), rope_bench::UsageError);
 }
 
 TEST_CASE("packed lengths: fixed seed, within range, exact total") {

@@ -133,7 +133,14 @@ double host_us(const std::function<void(int64_t)>& work, int64_t call) {
 }
 
 CacheSize host_last_level_cache() {
-    if (CacheSize cache = cache_from_sysfs(); cache.bytes > 0) return cache;
+    constexpr std::size_t kSysfsCap = 1024 * kMiB;  // Sets spanning twice this already take 2 GiB, and their copy as much.
+    if (CacheSize cache = cache_from_sysfs(); cache.bytes > 0) {
+        if (cache.bytes > kSysfsCap) {
+            cache.bytes = kSysfsCap;
+            cache.source += ", capped at 1 GiB";
+        }
+        return cache;
+    }
     if (CacheSize cache = cache_from_sysconf(); cache.bytes > 0) return cache;
     return {32 * kMiB, "assumed 32 MiB (neither sysfs nor sysconf reports a cache)"};
 }

@@ -35,7 +35,8 @@ struct CacheSize {
 /// Read from Linux's /sys/devices/system/cpu/cpuN/cache/index*/ (level, type,
 /// size, shared_cpu_list) for every CPU the process may run on: the highest
 /// level of data or unified cache, each distinct instance counted once (two
-/// cores of one L3 share it; two sockets have two). Not sysconf(_SC_LEVEL3_CACHE_SIZE):
+/// cores of one L3 share it; two sockets have two), capped at 1 GiB (the sets
+/// and the copy's destination then take 4 GiB). Not sysconf(_SC_LEVEL3_CACHE_SIZE):
 /// glibc answers that from the CPUID instruction (on AMD, leaf 0x80000006,
 /// a whole-package figure), which a virtual machine passes through from its host:
 /// a 2-core VM read 320 to 508 MiB there while its own L3 is 32 MiB. sysconf is
