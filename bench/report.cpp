@@ -9,6 +9,18 @@ namespace {
 
 // The columns, in order. The first 18 are the original ones; later columns are
 // appended, so that existing consumers keep their column positions.
+//   sets         sets of q and k the calls rotate through (spanning twice `cache`)
+//   calls        timed repetitions per run (GPU: each a batch of calls >= 1 ms)
+//   median_us    median time of one call, of the reported run
+//   GBps         bytes moved / median_us; copy_GBps: the same bytes / the ceiling's time
+//   pct_of_copy  100 x ceiling time / call time, of the reported run (the median ratio)
+//   status       ok, or "skipped: why" / "unsupported: why" (then the numbers are empty)
+//   timing       clock (host), events or graph (GPU)
+//   form         plain, packed, mrope, axial; cp and table alone or joined with '+'
+//   runs         whole measurements; pct_min, pct_max: their smallest and largest ratio
+//   ceiling      which copy was fastest; ceilings: every candidate's median microseconds
+//   form_detail  the form's contents (lengths, grid, sections, shard, table size)
+//   cache        the cache the sets defeat, and what it was read from
 const std::vector<std::string> kColumns{
     "backend", "shape", "kv_heads", "dtype", "style", "layout", "placement", "threads", "sets", "calls",
     "median_us", "GBps", "copy_GBps", "pct_of_copy", "status", "precise", "position_offset", "timing",
