@@ -174,7 +174,7 @@ Form make_form(const Options& options, const Shape& shape, int64_t kv_heads) {
         }
         const auto [shortest, longest] = std::minmax_element(lengths.begin(), lengths.end());
         parts.push_back("packed");
-        details.push_back(std::to_string(lengths.size()) + " sequences of " +
+        details.push_back(std::to_string(lengths.size()) + (lengths.size() == 1 ? " sequence of " : " sequences of ") +
                           (lengths.empty() ? std::string("0") : std::to_string(*shortest) + ".." + std::to_string(*longest)) +
                           " tokens" + (options.packed.lengths.empty() && options.packed.enabled ? " (drawn, fixed seed)" : ""));
     }
