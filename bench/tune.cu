@@ -5,10 +5,11 @@
 //
 //   rope-tune [--quick]        prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy
 //
-// The timing is rope-bench's (bench/cuda_timing.hpp): CUDA events around
-// back-to-back calls rotating through enough q/k sets to exceed twice the L2
-// (graph replay for the small shapes), medians of repetitions, and the ratio
-// to a device-to-device copy of the same bytes measured in the same run.
+// The timing is rope-bench's (bench/timing/: one timer for the project):
+// CUDA events around batches of calls rotating through enough q/k sets to
+// exceed twice the L2 (graph replay for the small shapes), medians of
+// repetitions, and the ratio to the fastest copy of the same bytes measured
+// in the same run.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -61,11 +62,6 @@ struct Variant {
     static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
 };
 
-// q, k (and outputs) for one set, in one device allocation each.
-struct Sets {
-    std::vector<Buffer> q, k, q_out, k_out;
-};
-
 std::array<int64_t, 4> shape_of(const Case& c, int64_t heads) {
     return c.layout == Layout::bhsd ? std::array<int64_t, 4>{c.batch, heads, c.seq, c.head_dim}
                                     : std::array<int64_t, 4>{c.batch, c.seq, heads, c.head_dim};
@@ -80,66 +76,52 @@ void run_case(const Case& c, DType dtype, Style style, bool quick) {
     const int64_t element = dtype_size(dtype);
     const size_t q_bytes = size_t(c.batch * c.q_heads * c.seq * c.head_dim * element);
     const size_t k_bytes = size_t(c.batch * c.k_heads * c.seq * c.head_dim * element);
-    // Enough sets that together they exceed twice the L2: every call reads from memory.
-    const size_t set_bytes = (q_bytes + k_bytes) * (c.in_place ? 1 : 2);
-    const int64_t sets = std::max<int64_t>(1, int64_t(2 * rope_bench::cuda_l2_bytes() / set_bytes) + 1);
-    Sets buffers;
-    std::mt19937_64 rng(7);
-    std::vector<uint8_t> host(std::max(q_bytes, k_bytes));
-    auto fill = [&](Buffer& buffer) {
-        for (size_t i = 0; i < buffer.bytes(); i += 2) {
-            // Random non-zero values: bf16/fp16 halves or the two halves of a float.
-            const uint16_t bits = uint16_t(0x3c00 | (rng() & 0x3ff)) ^ uint16_t(rng() & 0x8000);
-            std::memcpy(&host[i], &bits, 2);
-        }
-        buffer.copy_from_host(host.data());
-    };
-    for (int64_t s = 0; s < sets; ++s) {
-        buffers.q.emplace_back(Device::cuda, q_bytes);
-        buffers.k.emplace_back(Device::cuda, k_bytes);
-        fill(buffers.q.back());
-        fill(buffers.k.back());
-        if (!c.in_place) {
-            buffers.q_out.emplace_back(Device::cuda, q_bytes);
-            buffers.k_out.emplace_back(Device::cuda, k_bytes);
-        }
+    // Sets of q then k, in one allocation, enough of them to exceed twice the L2:
+    // every call reads from memory (rope-bench's layout, so its copy ceiling applies).
+    rope_bench::DeviceSets sets;
+    sets.set_bytes = q_bytes + k_bytes;
+    sets.stride = rope_bench::set_stride(sets.set_bytes);
+    sets.sets = rope_bench::sets_spanning_twice(sets.set_bytes, rope_bench::cuda_l2_bytes());
+    Buffer source(Device::cuda, sets.stride * size_t(sets.sets));
+    Buffer destination(Device::cuda, sets.stride * size_t(sets.sets));
+    sets.source = source.data();
+    sets.destination = destination.data();
+    {
+        std::mt19937_64 rng(7);
+        std::vector<uint16_t> host(source.bytes() / 2);
+        // Random non-zero values: bf16/fp16 halves, or the two halves of a float.
+        for (uint16_t& bits : host) bits = uint16_t(0x3c00 | (rng() & 0x3ff)) ^ uint16_t(rng() & 0x8000);
+        source.copy_from_host(host.data());
     }
     rope_bench::CudaStream stream;
     RopeConfig config;
     config.head_dim = c.head_dim;
     config.style = style;
     std::vector<Plan> plans;
-    for (int64_t s = 0; s < sets; ++s) {
-        auto view = [&](Buffer& buffer, int64_t heads) {
-            return TensorView::contiguous(buffer.data(), dtype, Device::cuda, c.layout, shape_of(c, heads));
+    for (int64_t s = 0; s < sets.sets; ++s) {
+        auto view = [&](Buffer& buffer, size_t offset, int64_t heads) {
+            return TensorView::contiguous(static_cast<uint8_t*>(buffer.data()) + size_t(s) * sets.stride + offset, dtype,
+                                          Device::cuda, c.layout, shape_of(c, heads));
         };
-        RopeArgs args = c.in_place ? RopeArgs::in_place(view(buffers.q[s], c.q_heads), view(buffers.k[s], c.k_heads))
-                                   : RopeArgs::out_of_place(view(buffers.q[s], c.q_heads), view(buffers.k[s], c.k_heads),
-                                                            view(buffers.q_out[s], c.q_heads),
-                                                            view(buffers.k_out[s], c.k_heads));
+        RopeArgs args = c.in_place ? RopeArgs::in_place(view(source, 0, c.q_heads), view(source, q_bytes, c.k_heads))
+                                   : RopeArgs::out_of_place(view(source, 0, c.q_heads), view(source, q_bytes, c.k_heads),
+                                                            view(destination, 0, c.q_heads),
+                                                            view(destination, q_bytes, c.k_heads));
         args.stream = stream.get();
         plans.push_back(make_plan(config, args, Device::cuda));
     }
 
     const int reps = quick ? 5 : 9;
+    const rope_bench::GpuClock clock = c.small ? rope_bench::GpuClock::graph : rope_bench::GpuClock::events;
     auto time = [&](const rope_bench::Launch& launch) {
-        if (c.small) return rope_bench::cuda_graph_median_us(launch, reps, 20 * sets, sets, stream.get());
-        const int64_t calls = std::max<int64_t>(rope_bench::cuda_calls_per_rep(launch, 2000.0, stream.get()), 1);
-        return rope_bench::cuda_median_us(launch, reps, calls, sets, stream.get());
+        return rope_bench::cuda_call_us(launch, clock, reps, sets.sets, stream.get());
     };
-    // The ceiling: a device-to-device copy of the same bytes (q and k read once, written once).
-    std::vector<Buffer> copy_targets;
-    for (int64_t s = 0; s < std::min<int64_t>(sets, 2); ++s) copy_targets.emplace_back(Device::cuda, q_bytes + k_bytes);
-    const double copy_us = time([&](int64_t call) {
-        const int64_t s = call % sets;
-        uint8_t* target = static_cast<uint8_t*>(copy_targets[size_t(call % int64_t(copy_targets.size()))].data());
-        rope_bench::cuda_copy_async(target, buffers.q[s].data(), q_bytes, stream.get());
-        if (k_bytes) rope_bench::cuda_copy_async(target + q_bytes, buffers.k[s].data(), k_bytes, stream.get());
-    });
+    // The ceiling: the fastest copy of the same bytes (timing.hpp says which candidates).
+    const double copy_us = rope_bench::cuda_copy_ceiling(sets, reps).us;
 
     std::vector<Measured> results;
     auto backend = make_backend("cuda-optimized");
-    results.push_back({"backend-default", time([&](int64_t call) { backend->run(plans[size_t(call % sets)]); })});
+    results.push_back({"backend-default", time([&](int64_t call) { backend->run(plans[size_t(call % sets.sets)]); })});
     const DeviceInfo device = device_info(0);
     dispatch_dtype(dtype, [&](auto storage) {
         using Storage = decltype(storage);
@@ -160,7 +142,7 @@ void run_case(const Case& c, DType dtype, Style style, bool quick) {
                     for (const LaunchSettings& settings : sweep_settings) {
                         const double us = time([&](int64_t call) {
                             launch_units<Storage, Path, V::kRowsInFlight, V::kPipelined, V::kMinBlocksPerSM, 64>(
-                                plans[size_t(call % sets)], device, settings);
+                                plans[size_t(call % sets.sets)], device, settings);
                         });
                         char name[128];
                         std::snprintf(name, sizeof name, "%s-rif%d-%s-minblocks%d-threads%d-rows%" PRId64, access_name,
