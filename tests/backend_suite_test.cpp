@@ -13,17 +13,14 @@
 #include "support.hpp"
 
 using testing::Call;
+using testing::check_call;
+using testing::check_close;
 using testing::make_call;
 
 namespace {
 
 constexpr rope::Layout bhsd = rope::Layout::bhsd;
 constexpr rope::Layout bshd = rope::Layout::bshd;
-
-// Tight agreement between two backends computing the same float32 angles:
-// a few float32 ulps of values up to about 3 in magnitude.
-constexpr double agree_rel_l2 = 5e-7;
-constexpr double agree_max_abs = 4e-6;
 
 rope::RopeConfig config_of(int64_t head_dim, int64_t rotary_dim = 0, rope::Style style = rope::Style::half_split,
                            double base = 10000.0) {
@@ -33,58 +30,6 @@ rope::RopeConfig config_of(int64_t head_dim, int64_t rotary_dim = 0, rope::Style
     config.style = style;
     config.base = base;
     return config;
-}
-
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel_tol, double abs_tol,
-                 const char* what) {
-    const oracle::ErrorStats stats = oracle::compare(got, want);
-    INFO(what << ": rel_l2 = " << stats.rel_l2 << " (tolerance " << rel_tol << "), max_abs = " << stats.max_abs
-              << " (tolerance " << abs_tol << "), non-finite = " << stats.non_finite);
-    CHECK(stats.non_finite == 0);
-    CHECK(stats.rel_l2 <= rel_tol);
-    CHECK(stats.max_abs <= abs_tol);
-}
-
-// Elements of storage outside the view (padding) must still hold the poison.
-bool padding_untouched(const testing::HostTensor& t) {
-    std::vector<bool> inside(t.storage.size(), false);
-    const int64_t units = rope::dtype_size(t.view.dtype) / 2;
-    const auto& v = t.view;
-    for (int64_t a = 0; a < v.shape[0]; ++a)
-        for (int64_t b = 0; b < v.shape[1]; ++b)
-            for (int64_t c = 0; c < v.shape[2]; ++c)
-                for (int64_t d = 0; d < v.shape[3]; ++d) {
-                    const int64_t e = a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3];
-                    for (int64_t u = 0; u < units; ++u) inside[size_t(e * units + u)] = true;
-                }
-    testing::HostTensor poisoned = t;
-    poisoned.poison();
-    for (size_t i = 0; i < t.storage.size(); ++i)
-        if (!inside[i] && t.storage[i] != poisoned.storage[i]) return false;
-    return true;
-}
-
-// Runs `call` on the backend and on cpu-naive; checks both against the oracle
-// and against each other. Returns false when the backend was skipped.
-void check_call(rope::Backend& backend, Call call, double oracle_rel, double oracle_abs) {
-    CAPTURE(testing::seed());
-    const testing::Expected want = testing::oracle_for(call);
-    Call reference = call;
-    testing::run(backend, call);
-    check_close(call.q_result().values(), want.q, oracle_rel, oracle_abs, "q vs float64 oracle");
-    check_close(call.k_result().values(), want.k, oracle_rel, oracle_abs, "k vs float64 oracle");
-    if (!call.in_place) {
-        CHECK_MESSAGE(padding_untouched(call.q_out), "q_out padding was written");
-        CHECK_MESSAGE(padding_untouched(call.k_out), "k_out padding was written");
-    }
-    if (backend.name() != "cpu-naive") {
-        auto naive = rope::make_backend("cpu-naive");
-        testing::run(*naive, reference);
-        check_close(call.q_result().values(), reference.q_result().values(), agree_rel_l2, agree_max_abs,
-                    "q vs cpu-naive");
-        check_close(call.k_result().values(), reference.k_result().values(), agree_rel_l2, agree_max_abs,
-                    "k vs cpu-naive");
-    }
 }
 
 }  // namespace
