@@ -37,21 +37,6 @@ Sizes sizes_of(const rope::TensorView& view) {
     throw std::invalid_argument("oracle: unknown layout");
 }
 
-// The global token indices a context-parallel rank holds, in local order: the
-// sequence of cp_size * local_length tokens is cut into 2 * cp_size equal
-// chunks, and the rank holds chunk cp_rank followed by chunk 2*cp_size-1-cp_rank.
-std::vector<long> held_tokens(long local_length, long cp_size, long cp_rank) {
-    std::vector<long> held;
-    if (cp_size == 1) {
-        for (long t = 0; t < local_length; ++t) held.push_back(t);
-        return held;
-    }
-    const long chunk = local_length / 2;
-    for (long c : {cp_rank, 2 * cp_size - 1 - cp_rank})
-        for (long t = c * chunk; t < (c + 1) * chunk; ++t) held.push_back(t);
-    return held;
-}
-
 // The position of every token on every axis, [batch][seq][axes], read from
 // the user-level Positions by their definition (oracle.hpp).
 std::vector<long> position_table(const rope::Positions& p, long batch, long seq, long axes) {
@@ -107,7 +92,10 @@ PairRule pair_rule(const rope::RopeConfig& config, long rotary) {
     if (multi.assignment == rope::AxisAssignment::mrope_interleaved) {
         // Everything temporal, then deal height pairs 1, 4, 7, ... and width pairs 2, 5, 8, ...
         for (long a = 1; a <= 2; ++a)
-            for (long k = 0; k < multi.sections[size_t(a)]; ++k) rule.axis[size_t(a + 3 * k)] = a;
+            for (long k = 0; k < multi.sections[size_t(a)]; ++k) {
+                if (a + 3 * k >= pairs) throw std::invalid_argument("oracle: interleaved section too long");
+                rule.axis[size_t(a + 3 * k)] = a;
+            }
     } else if (multi.assignment != rope::AxisAssignment::single) {
         // Runs: sections[0] pairs of axis 0, then sections[1] of axis 1, ...
         long j = 0;
@@ -177,6 +165,18 @@ std::vector<double> rotate_with(const rope::RopeConfig& config, const rope::Tens
 }
 
 }  // namespace
+
+std::vector<long> held_tokens(long local_length, long cp_size, long cp_rank) {
+    std::vector<long> held;
+    if (cp_size == 1) {
+        for (long t = 0; t < local_length; ++t) held.push_back(t);
+        return held;
+    }
+    const long chunk = local_length / 2;
+    for (long c : {cp_rank, 2 * cp_size - 1 - cp_rank})
+        for (long t = c * chunk; t < (c + 1) * chunk; ++t) held.push_back(t);
+    return held;
+}
 
 double read(const rope::TensorView& view, long b, long h, long s, long d) {
     const long i = element_index(view, b, h, s, d);

@@ -33,6 +33,11 @@
 
 namespace oracle {
 
+// The global token indices a context-parallel rank holds, in its local order:
+// a sequence of cp_size * local_length tokens is cut into 2 * cp_size chunks of
+// local_length / 2, and rank cp_rank holds chunk cp_rank, then chunk 2*cp_size-1-cp_rank.
+std::vector<long> held_tokens(long local_length, long cp_size, long cp_rank);
+
 // Reads element (b, h, s, d) of a host view, whatever its layout, strides and dtype.
 double read(const rope::TensorView& view, long b, long h, long s, long d);
 
