@@ -14,6 +14,7 @@
 #include "support.hpp"
 
 using testing::Call;
+using testing::check_call;
 using testing::check_close;
 using testing::make_call;
 
@@ -21,8 +22,6 @@ namespace {
 
 constexpr rope::Layout bhsd = rope::Layout::bhsd;
 constexpr rope::Layout bshd = rope::Layout::bshd;
-
-
 
 rope::RopeConfig config_of(int64_t head_dim, int64_t rotary_dim = 0, rope::Style style = rope::Style::half_split,
                            double base = 10000.0) {
@@ -32,30 +31,6 @@ rope::RopeConfig config_of(int64_t head_dim, int64_t rotary_dim = 0, rope::Style
     config.style = style;
     config.base = base;
     return config;
-}
-
-// Runs `call` on the backend and on cpu-naive; checks the result against the
-// oracle and cpu-naive's, and that no byte of storage outside the outputs'
-// views (nor any byte of an out-of-place call's inputs) was written.
-void check_call(rope::Backend& backend, Call call, double oracle_rel, double oracle_abs) {
-    CAPTURE(testing::seed());
-    const testing::Expected want = testing::oracle_for(call);
-    const Call before = call;
-    testing::run(backend, call);
-    check_close(call.q_result().values(), want.q, oracle_rel, oracle_abs, "q vs float64 oracle");
-    check_close(call.k_result().values(), want.k, oracle_rel, oracle_abs, "k vs float64 oracle");
-    const std::string writes = testing::unexpected_writes(before, call);
-    CHECK_MESSAGE(writes.empty(), writes);
-    if (backend.name() != "cpu-naive") {
-        auto naive = rope::make_backend("cpu-naive");
-        Call reference = before;
-        testing::run(*naive, reference);
-        const testing::Tolerance agree = testing::naive_agreement(call.q.view.dtype);
-        check_close(call.q_result().values(), reference.q_result().values(), agree.rel_l2, agree.max_abs,
-                    "q vs cpu-naive");
-        check_close(call.k_result().values(), reference.k_result().values(), agree.rel_l2, agree.max_abs,
-                    "k vs cpu-naive");
-    }
 }
 
 }  // namespace

@@ -162,8 +162,25 @@ HostTensor HostTensor::arranged(rope::DType dtype, rope::Layout layout, std::arr
 }
 
 rope::Positions Call::positions() const {
-    if (!ids.empty()) return rope::Positions::per_sequence(ids.data(), id_rows, int64_t(ids.size()) / id_rows);
-    return rope::Positions::starting_at(offset);
+    rope::Positions positions = rope::Positions::starting_at(offset);
+    if (!ids.empty()) {
+        positions.ids = ids.data();
+        positions.axes = id_axes;
+        positions.rows = id_rows;
+        positions.length = int64_t(ids.size()) / std::max<int64_t>(id_axes * id_rows, 1);
+    }
+    if (!cu_seqlens.empty()) {
+        positions.cu_seqlens = cu_seqlens.data();
+        positions.sequences = int64_t(cu_seqlens.size()) - 1;
+    }
+    if (!starts.empty()) positions.starts = starts.data();
+    return positions.sharded(cp_size, cp_rank);
+}
+
+rope::CosSinCache Call::cos_sin_cache() const {
+    if (table.empty()) return {};
+    return rope::CosSinCache{table.data(), rope::DType::f32, rope::Device::host, table_rows, table_cols,
+                             table_row_stride};
 }
 
 Call make_call(const rope::RopeConfig& config, rope::DType dtype, rope::Layout layout, std::array<int64_t, 4> q_shape,
@@ -211,6 +228,34 @@ std::string unexpected_writes(const Call& before, const Call& after) {
     return problems.str();
 }
 
+HostTensor make_packed(rope::DType dtype, std::array<int64_t, 3> shape, int64_t pad, int64_t dim_stride) {
+    HostTensor t = HostTensor::make(dtype, rope::Layout::bshd, {1, shape[0], shape[1], shape[2]}, pad, dim_stride);
+    // The same storage seen as [tokens, heads, head_dim]: the unit batch axis dropped.
+    const std::array<int64_t, 4> strides = t.view.strides;
+    t.view.layout = rope::Layout::thd;
+    t.view.shape = {shape[0], shape[1], shape[2], 1};
+    t.view.strides = {strides[1], strides[2], strides[3], 1};
+    return t;
+}
+
+Call make_packed_call(const rope::RopeConfig& config, rope::DType dtype, const std::vector<int64_t>& lengths,
+                      int64_t q_heads, int64_t k_heads, int64_t pad) {
+    Call call;
+    call.config = config;
+    call.cu_seqlens = {0};
+    for (int64_t length : lengths) call.cu_seqlens.push_back(call.cu_seqlens.back() + length);
+    const int64_t tokens = call.cu_seqlens.back();
+    call.q = make_packed(dtype, {tokens, q_heads, config.head_dim}, pad);
+    call.k = make_packed(dtype, {tokens, k_heads, config.head_dim}, pad);
+    call.q_out = make_packed(dtype, {tokens, q_heads, config.head_dim}, pad);
+    call.k_out = make_packed(dtype, {tokens, k_heads, config.head_dim}, pad);
+    call.q.fill_random();
+    call.k.fill_random();
+    call.q_out.poison();
+    call.k_out.poison();
+    return call;
+}
+
 namespace {
 
 // A device copy of one host tensor's whole storage, its view re-pointed at the
@@ -223,22 +268,55 @@ DeviceCall::Tensor stage(const HostTensor& host) {
     return staged;
 }
 
+// A device copy of a host array (ids, cu_seqlens, starts, a table), or no buffer for an empty one.
+template <typename T>
+rope::Buffer stage_array(const std::vector<T>& host) {
+    if (host.empty()) return {};
+    rope::Buffer buffer(rope::Device::cuda, host.size() * sizeof(T));
+    buffer.copy_from_host(host.data());
+    return buffer;
+}
+
+// Largest position + 1 of the call, for device-resident ids or cu_seqlens,
+// which rope cannot read (length-dependent scaling needs it): the largest id,
+// or the last position of the longest-reaching packed sequence, unsharded.
+int64_t position_bound(const Call& call) {
+    int64_t bound = 0;
+    for (int64_t id : call.ids) bound = std::max(bound, id + 1);
+    if (!call.ids.empty()) return bound;
+    for (size_t b = 0; b + 1 < call.cu_seqlens.size(); ++b) {
+        const int64_t length = call.cu_seqlens[b + 1] - call.cu_seqlens[b];
+        const int64_t start = b < call.starts.size() ? call.starts[b] : call.offset;
+        if (length > 0) bound = std::max(bound, start + length * call.cp_size);
+    }
+    return bound;
+}
+
 }  // namespace
 
 DeviceCall::DeviceCall(const Call& call)
     : q(stage(call.q)), k(stage(call.k)), q_out(stage(call.q_out)), k_out(stage(call.k_out)) {
     rope::Positions positions = call.positions();
-    if (!call.ids.empty()) {
-        ids = rope::Buffer(rope::Device::cuda, call.ids.size() * sizeof(int64_t));
-        ids.copy_from_host(call.ids.data());
-        positions.ids = static_cast<const int64_t*>(ids.data());
+    ids = stage_array(call.ids);
+    cu_seqlens = stage_array(call.cu_seqlens);
+    starts = stage_array(call.starts);
+    table = stage_array(call.table);
+    if (!call.ids.empty()) positions.ids = static_cast<const int64_t*>(ids.data());
+    if (!call.cu_seqlens.empty()) positions.cu_seqlens = static_cast<const int64_t*>(cu_seqlens.data());
+    if (!call.starts.empty()) positions.starts = static_cast<const int64_t*>(starts.data());
+    if (!call.ids.empty() || !call.cu_seqlens.empty() || !call.starts.empty()) {
         positions.device = rope::Device::cuda;
-        // rope cannot read device-resident ids; length-dependent scaling needs their bound.
-        positions.max_position = *std::max_element(call.ids.begin(), call.ids.end()) + 1;
+        // rope cannot read device-resident positions; length-dependent scaling needs their bound.
+        positions.max_position = position_bound(call);
     }
     args = call.in_place ? rope::RopeArgs::in_place(q.view, k.view, positions, call.direction)
                          : rope::RopeArgs::out_of_place(q.view, k.view, q_out.view, k_out.view, positions,
                                                         call.direction);
+    args.cos_sin_cache = call.cos_sin_cache();
+    if (!call.table.empty()) {
+        args.cos_sin_cache.data = table.data();
+        args.cos_sin_cache.device = rope::Device::cuda;
+    }
 }
 
 void DeviceCall::copy_back(Call& call) const {
@@ -256,6 +334,7 @@ void run(rope::Backend& backend, Call& call, const std::function<void(rope::Rope
                                         ? rope::RopeArgs::in_place(call.q.view, call.k.view, positions, call.direction)
                                         : rope::RopeArgs::out_of_place(call.q.view, call.k.view, call.q_out.view,
                                                                        call.k_out.view, positions, call.direction);
+        args.cos_sin_cache = call.cos_sin_cache();
         if (adjust) adjust(args);
         rope::apply(backend, call.config, args);
         return;
@@ -295,6 +374,9 @@ std::unique_ptr<rope::Backend> backend_or_skip(const std::string& name) {
 
 Expected oracle_for(const Call& call) {
     const rope::Positions positions = call.positions();
+    if (!call.table.empty())
+        return {oracle::rotate(call.config, call.q.view, positions, call.direction, call.cos_sin_cache()),
+                oracle::rotate(call.config, call.k.view, positions, call.direction, call.cos_sin_cache())};
     return {oracle::rotate(call.config, call.q.view, positions, call.direction),
             oracle::rotate(call.config, call.k.view, positions, call.direction)};
 }
@@ -330,6 +412,27 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
     CHECK(stats.non_finite == 0);
     CHECK(stats.rel_l2 <= rel_tol);
     CHECK(stats.max_abs <= abs_tol);
+}
+
+void check_call(rope::Backend& backend, Call call, double oracle_rel, double oracle_abs) {
+    CAPTURE(seed());
+    const Expected want = oracle_for(call);
+    const Call before = call;
+    run(backend, call);
+    check_close(call.q_result().values(), want.q, oracle_rel, oracle_abs, "q vs float64 oracle");
+    check_close(call.k_result().values(), want.k, oracle_rel, oracle_abs, "k vs float64 oracle");
+    const std::string writes = unexpected_writes(before, call);
+    CHECK_MESSAGE(writes.empty(), writes);
+    if (backend.name() != "cpu-naive") {
+        auto naive = rope::make_backend("cpu-naive");
+        Call reference = before;
+        run(*naive, reference);
+        const Tolerance agree = naive_agreement(call.q.view.dtype);
+        check_close(call.q_result().values(), reference.q_result().values(), agree.rel_l2, agree.max_abs,
+                    "q vs cpu-naive");
+        check_close(call.k_result().values(), reference.k_result().values(), agree.rel_l2, agree.max_abs,
+                    "k vs cpu-naive");
+    }
 }
 
 }  // namespace testing

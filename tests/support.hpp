@@ -104,7 +104,24 @@ struct Call {
     rope::Direction direction = rope::Direction::forward;
     bool in_place = false;     // When true, q_out/k_out are ignored and q/k are overwritten.
 
+    // Positions beyond one line (rope::Positions says what each means). Every
+    // one set here goes into positions(), so a test can also combine forms the
+    // library must reject.
+    int64_t id_axes = 1;              // Id rows per token: ids holds id_axes * id_rows * seq ids.
+    std::vector<int64_t> cu_seqlens;  // Packed sequences: sequences + 1 offsets, or empty.
+    std::vector<int64_t> starts;      // First position of each packed sequence, or empty (offset).
+    int64_t cp_size = 1;              // Context-parallel group size.
+    int64_t cp_rank = 0;              // This shard's rank.
+    // A caller's cos/sin table, float32 [table_rows, table_row_stride] (cos of
+    // each pair, then sin, in the first table_cols entries of a row), or empty.
+    std::vector<float> table;
+    int64_t table_rows = 0;
+    int64_t table_cols = 0;
+    int64_t table_row_stride = 0;
+
     rope::Positions positions() const;
+    // The table as the call hands it over (data null when there is none).
+    rope::CosSinCache cos_sin_cache() const;
     // The tensors that hold the result after run().
     const HostTensor& q_result() const { return in_place ? q : q_out; }
     const HostTensor& k_result() const { return in_place ? k : k_out; }
@@ -129,8 +146,8 @@ void arrange(Call& call, const std::array<StorageOptions, 4>& storage, std::mt19
 std::string unexpected_writes(const Call& before, const Call& after);
 
 // A call staged in device memory: each tensor's whole storage (padding, tail
-// and a misaligned start included, at the same byte offsets) and the position
-// ids, with `args` pointing at them (default stream; set args.stream to use
+// and a misaligned start included, at the same byte offsets), the position
+// arrays (ids, cu_seqlens, starts) and the cos/sin table, with `args` pointing at them (default stream; set args.stream to use
 // another). Tests that drive the device themselves (streams, graphs) use it;
 // run() uses it for every CUDA call.
 struct DeviceCall {
@@ -139,7 +156,7 @@ struct DeviceCall {
         rope::TensorView view;  // The host view, re-pointed into `buffer`.
     };
     Tensor q, k, q_out, k_out;
-    rope::Buffer ids;
+    rope::Buffer ids, cu_seqlens, starts, table;  // Device copies of the call's position arrays and table.
     rope::RopeArgs args;
 
     explicit DeviceCall(const Call& call);
@@ -148,9 +165,19 @@ struct DeviceCall {
     void copy_back(Call& call) const;
 };
 
+// A packed (thd) view [tokens, heads, head_dim] of a batch-1 bshd tensor with
+// the same padding options, so packed tests get padded and spaced rows too.
+HostTensor make_packed(rope::DType dtype, std::array<int64_t, 3> shape, int64_t pad = 0, int64_t dim_stride = 1);
+
+// A call on packed sequences: random q/k of [tokens, heads, head_dim] (thd)
+// with cu_seqlens built from `lengths`, poisoned outputs.
+Call make_packed_call(const rope::RopeConfig& config, rope::DType dtype, const std::vector<int64_t>& lengths,
+                      int64_t q_heads, int64_t k_heads, int64_t pad = 0);
+
 // Runs the call on `backend`. Host backends work on the host tensors directly;
-// CUDA backends get device copies of every tensor (padding included) and the
-// results are copied back, so tests see the device's writes byte for byte.
+// CUDA backends get device copies of every tensor (padding included), of the
+// ids, cu_seqlens, starts and table, and the results are copied back, so tests
+// see the device's writes byte for byte.
 // `adjust`, if given, edits the final arguments just before rope::apply (after
 // staging), so tests can hand a backend deliberately wrong arguments, e.g. a
 // host pointer for a CUDA backend.
@@ -204,9 +231,19 @@ Tolerance oracle_tolerance(rope::DType dtype, int64_t max_position);
 // (2^-6 in bf16, 2^-9 in fp16).
 Tolerance naive_agreement(rope::DType dtype);
 
+// The float32 row of naive_agreement, for tests that compare two fp32 results directly.
+inline constexpr double agree_rel_l2 = 5e-7;
+inline constexpr double agree_max_abs = 4e-6;
+
 // CHECKs that `got` matches `want` within the relative L2 and max-abs
 // tolerances and holds no NaN or inf, reporting the measured errors.
 void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel_tol, double abs_tol,
                  const char* what);
+
+// Runs `call` on the backend and on cpu-naive; checks the result against the
+// oracle (within oracle_rel / oracle_abs) and cpu-naive's (naive_agreement),
+// and that no byte of storage outside the outputs' views (nor any byte of an
+// out-of-place call's inputs) was written.
+void check_call(rope::Backend& backend, Call call, double oracle_rel, double oracle_abs);
 
 }  // namespace testing

@@ -180,8 +180,6 @@ void check_ids(const Positions& positions, int64_t batch, int64_t seq, int64_t c
 
 // Packed sequences: cu_seqlens [sequences + 1] over the seq axis of a batch-1 tensor.
 void check_packed(const Positions& positions, int64_t batch, int64_t seq, PositionFacts& facts) {
-    if (positions.ids != nullptr)
-        fail("positions.ids", "set", "must be null with cu_seqlens (packed ids are one row of ids: use ids alone)");
     if (batch != 1)
         fail("batch", batch, "must be 1 with cu_seqlens (a thd tensor, or a bshd/bhsd view of one packed row)");
     if (positions.sequences < 1) fail("positions.sequences", positions.sequences, "must be >= 1 with cu_seqlens");
@@ -236,6 +234,8 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
         fail("positions.sequences", positions.sequences, "must be 0 without cu_seqlens");
     if (positions.cu_seqlens == nullptr && positions.starts != nullptr)
         fail("positions.starts", "set", "is only read with cu_seqlens (packed sequences)");
+    if (positions.cu_seqlens != nullptr && positions.ids != nullptr)
+        fail("positions.ids", "set", "must be null with cu_seqlens (packed ids are one row of ids: use ids alone)");
 
     const bool arrays = positions.ids != nullptr || positions.cu_seqlens != nullptr;
     if (arrays) check_device("positions.device", positions.device, device);
@@ -257,7 +257,9 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
             fail("positions.max_position", positions.max_position,
                  std::string("must be given (largest position + 1) for device-resident positions with scaling type ") +
                      std::string(scaling_type_name(config.scaling.type)) + ", whose frequencies depend on the length");
-        facts.max_position = std::max(std::max(seq, facts.max_position), positions.max_position);
+        // check_ids set the ids' floor (seq); packed sequences have none but the given bound,
+        // as on the host, where max_position is the furthest start + length.
+        facts.max_position = std::max(facts.max_position, positions.max_position);
     }
     return facts;
 }
