@@ -168,14 +168,15 @@ void check_ids(const Positions& positions, int64_t batch, int64_t seq, int64_t c
     facts.source.ids = positions.ids;
     facts.source.axis_stride = positions.rows * positions.length;
     facts.source.row_stride = positions.rows == 1 ? 0 : seq;
-    facts.max_position = seq;
     if (positions.device != Device::host) return;
     // Device-resident ids cannot be inspected without a copy; host ids are checked.
     for (int64_t i = 0; i < positions.axes * positions.rows * positions.length; ++i) {
         if (positions.ids[i] < 0) fail("positions.ids[" + std::to_string(i) + "]", positions.ids[i], "must be >= 0");
         facts.largest = std::max(facts.largest, positions.ids[i]);
     }
-    facts.max_position = std::max(facts.max_position, facts.largest + 1);
+    // As HF's dynamic and longrope updates: max(position_ids) + 1, whatever seq is
+    // (M-RoPE ids of an image advance more slowly than its tokens).
+    facts.max_position = facts.largest + 1;
 }
 
 // Packed sequences: cu_seqlens [sequences + 1] over the seq axis of a batch-1 tensor.
@@ -257,9 +258,8 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
             fail("positions.max_position", positions.max_position,
                  std::string("must be given (largest position + 1) for device-resident positions with scaling type ") +
                      std::string(scaling_type_name(config.scaling.type)) + ", whose frequencies depend on the length");
-        // check_ids set the ids' floor (seq); packed sequences have none but the given bound,
-        // as on the host, where max_position is the furthest start + length.
-        facts.max_position = std::max(facts.max_position, positions.max_position);
+        // The caller's bound, as rope would have computed it from host arrays.
+        facts.max_position = positions.max_position;
     }
     return facts;
 }
