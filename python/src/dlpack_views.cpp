@@ -133,10 +133,11 @@ IndexArray index_array(const std::string& name, const InputArray& array, int max
         rope::fail(name + ".ndim", array.ndim(), "must be 1 to " + std::to_string(max_ndim));
     IndexArray index;
     index.ndim = int(array.ndim());
+    const bool empty = array.size() == 0;  // No element to address: any strides will do.
     int64_t expected_stride = 1;  // Row-major, as rope::Positions reads it.
     for (int axis = index.ndim - 1; axis >= 0; --axis) {
         index.shape[size_t(axis)] = array.shape(size_t(axis));
-        if (array.shape(size_t(axis)) > 1 && array.stride(size_t(axis)) != expected_stride)
+        if (!empty && array.shape(size_t(axis)) > 1 && array.stride(size_t(axis)) != expected_stride)
             rope::fail(name + ".strides[" + std::to_string(axis) + "]", array.stride(size_t(axis)),
                        "must be " + std::to_string(expected_stride) + ": ids must be contiguous (row-major)");
         expected_stride *= array.shape(size_t(axis));
