@@ -69,6 +69,8 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
     """
     if not isinstance(config, Config):
         raise _fail("config", type(config).__name__, "must be a rope.Config")
+    _refuse_autograd(q, "q")
+    _refuse_autograd(k, "k")
     if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
         raise _fail("out", type(out).__name__, "must be a pair (q_out, k_out)")
     result = (q, k) if out is None else tuple(out)
@@ -107,6 +109,14 @@ def list_backends() -> list:
         available, and reason (why it is unavailable, "" if it is available).
     """
     return _rope.list_backends()
+
+
+def _refuse_autograd(tensor: Any, name: str) -> None:
+    """A PyTorch tensor that autograd tracks would silently lose its gradient here: refuse it."""
+    if getattr(tensor, "requires_grad", False) and sys.modules["torch"].is_grad_enabled():
+        raise _fail(name, "a tensor that requires grad",
+                    "rope.apply is not differentiable: use rope.ops.rope (its backward is the inverse rotation), "
+                    "or call rope.apply under torch.no_grad()")
 
 
 # --- Positions ------------------------------------------------------------------------

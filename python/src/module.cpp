@@ -239,6 +239,11 @@ void apply(const std::string& backend_name, const rope::RopeConfig& config, nb::
 NB_MODULE(_rope, m) {
     m.doc() = "rope's C++ library, reached through DLPack. Use the package rope, not this module.";
 
+    // At interpreter exit PyTorch's operator registry still holds rope.ops (and
+    // through its cache, RopeConfig objects): nanobind would report them as
+    // leaks, which they are not.
+    nb::set_leak_warnings(false);
+
     // rope::Error becomes rope.Error, a ValueError carrying the C++ message.
     nb::exception<rope::Error>(m, "Error", PyExc_ValueError);
 
