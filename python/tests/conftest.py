@@ -47,7 +47,8 @@ def pytest_sessionfinish(session, exitstatus):
     # are in the output (pytest -rs).
     code = os.environ.get("ROPE_PYTEST_ALL_SKIPPED_EXIT")
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if not code or reporter is None or exitstatus != 0:
+    # Exit status 5 is pytest's "no test collected": a whole module skipped at import.
+    if not code or reporter is None or exitstatus not in (0, 5):
         return
     ran = sum(len(reporter.stats.get(kind, [])) for kind in ("passed", "failed", "error", "xpassed"))
     if ran == 0 and reporter.stats.get("skipped"):
