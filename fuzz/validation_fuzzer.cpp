@@ -814,6 +814,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                         call.direction, nullptr, call.has_cache ? call.cache : rope::CosSinCache{}};
     if (!arena.run || !fill(call, arena)) {
         validate_only(call, args);
+        if (print) std::fprintf(stderr, "outcome: validated only\n");
         return 0;
     }
     const std::vector<uint8_t> start = arena.bytes;
@@ -843,5 +844,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const Outcome from_eigen = run_backend(*eigen, call, arena, start, args);
     check_agreement(call, from_eigen, from_naive, call.views[kQ].dtype);
     if (oracle_ready) check_against_oracle(call, from_eigen, "cpu-eigen", want_q, want_k, tolerance);
+    if (print)
+        std::fprintf(stderr, "outcome: %s\n",
+                     from_naive.threw ? from_naive.message.c_str()
+                     : empty          ? "empty: nothing written"
+                     : oracle_ready   ? "rotated, equal to the oracle and across backends"
+                                      : "rotated, equal across backends");
     return 0;
 }
