@@ -159,11 +159,13 @@ void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const
     const int64_t pairs = shape.pairs, rotary_dim = shape.rotary_dim;
     int64_t i = 0;
     for (; i + kLanes <= pairs; i += kLanes) {
+        //! [eight pairs at once]
         const PairBlock block = load_pairs<Storage, kStyle, kUnitStride>(in, rotary_dim, i);
         const Eigen::Map<const Lanes> c(cos + i), s(sin + i);
         // rotate_pair, written for kLanes pairs at once: one SIMD multiply per term.
         const PairBlock rotated{block.x * c - block.y * s, block.y * c + block.x * s};
         store_pairs<Storage, kStyle, kUnitStride>(out, rotary_dim, i, rotated);
+        //! [eight pairs at once]
     }
     // The last pairs % kLanes pairs (e.g. rotary_dim 24 = 8 + 4 pairs) take the scalar rule.
     for (; i < pairs; ++i) {
@@ -215,7 +217,7 @@ void fill_trig_row(const Plan& plan, const Slab& slab, int64_t t, float* cos, fl
         // The same factors as cpu-naive (the shared rotation_factors: the same
         // angle and std::cos/std::sin, or the caller's table): the two backends
         // then differ only by the rounding of the rotation itself.
-        const int64_t position = positions.of_axis(plan.angles.pair_axis[size_t(i)]);
+        const int64_t position = positions.of_pair(plan.angles, plan.axes, i);
         rotation_factors(plan.angles, position, i, cos[t * plan.pairs + i], sin[t * plan.pairs + i]);
     }
 }

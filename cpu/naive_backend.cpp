@@ -2,8 +2,8 @@
 // other backend must produce what this one produces (up to float32 rounding).
 //
 // For every sequence b, head h, token s and pair i:
-//   position = the token's position on pair i's axis  (token_positions; one axis
-//                                                for text, three for M-RoPE)
+//   position = the token's position on pair i's axis  (PositionSource::at; one
+//                                                axis for text, three for M-RoPE)
 //   angle = position * theta_i                   (float32, rope_angle; or the
 //                                                precise mode's rope_angle_precise)
 //   (cos, sin) of the angle, scaled              (rotation_factors; or read from
@@ -33,9 +33,8 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
     for (int64_t b = 0; b < g.batch; ++b) {
         for (int64_t h = 0; h < g.heads; ++h) {
             for (int64_t s = 0; s < g.seq; ++s) {
-                const TokenPositions positions = token_positions(plan.positions, plan.axes, b, s);
                 for (int64_t i = 0; i < plan.pairs; ++i) {
-                    const int64_t position = positions.of_axis(plan.angles.pair_axis[size_t(i)]);
+                    const int64_t position = plan.positions.at(b, s, plan.angles.pair_axis[size_t(i)]);
                     float cos_angle, sin_angle;
                     rotation_factors(plan.angles, position, i, cos_angle, sin_angle);
                     const PairIndex pair = pair_elements(plan.style, plan.rotary_dim, i);

@@ -25,12 +25,13 @@ inline void check_cuda(cudaError_t status, const char* call) {
     if (status != cudaSuccess) fail(call, cudaGetErrorName(status), cudaGetErrorString(status));
 }
 
-/// @brief A launch configuration: grid, block, stream, no dynamic shared memory, no attributes.
-inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, cudaStream_t stream) {
+/// @brief A launch configuration: grid, block, stream, dynamic shared memory, no attributes.
+inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, cudaStream_t stream, size_t shared_bytes = 0) {
     cudaLaunchConfig_t config{};
     config.gridDim = grid;
     config.blockDim = block;
     config.stream = stream;
+    config.dynamicSmemBytes = shared_bytes;
     return config;
 }
 

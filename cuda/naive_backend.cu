@@ -7,7 +7,7 @@
 // and calls sincosf itself, so cos/sin are recomputed for every head; that is
 // the price of simplicity, and cuda-optimized shows what reusing them buys.
 //
-// Everything else is the CPU code unchanged: the same token_positions,
+// Everything else is the CPU code unchanged: the same PositionSource::at,
 // rotation_factors and rotate_pair_in_memory from common/, the same float32
 // arithmetic, the same to_float / from_float conversions.
 #include <climits>
@@ -16,6 +16,7 @@
 
 #include "check.hpp"
 #include "kernel_args.cuh"
+#include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/rotation.hpp"
@@ -31,7 +32,6 @@ struct NaiveArgs {
     Operand operands[2];       // [0] = q, [1] = k (k may have no heads).
     PositionSource positions;  // Device-resident ids or cu_seqlens, or an offset.
     AngleArgs<kMaxPairs> angles;
-    int64_t axes;              // Position axes per token.
     Style style;
     int64_t seq;
     int64_t rotary_dim;
@@ -69,9 +69,10 @@ __global__ void rope_naive_kernel(const __grid_constant__ NaiveArgs args) {
         const auto* in = static_cast<const Storage*>(operand.in);
         auto* out = static_cast<Storage*>(operand.out);
         if (j < args.pairs) {
-            const TokenPositions positions = token_positions(args.positions, args.axes, b, s);
+            // The position on this pair's axis (one axis for text RoPE).
+            const int64_t position = args.positions.at(b, s, args.angles.pair_axis[j]);
             float cos_angle, sin_angle;
-            rotation_factors(args.angles, positions.of_axis(args.angles.pair_axis[j]), j, cos_angle, sin_angle);
+            rotation_factors(args.angles, position, j, cos_angle, sin_angle);
             const PairIndex pair = pair_elements(args.style, args.rotary_dim, j);
             rotate_pair_in_memory(in, g, out, o, b, h, s, pair, cos_angle, sin_angle);  // In-place safe.
         } else {
@@ -88,12 +89,12 @@ public:
     Device device() const override { return Device::cuda; }
     BackendLimits limits() const override { return cuda_detail::cuda_limits(); }
     void run(const Plan& plan) override {
+        cuda_detail::check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
         NaiveArgs args{};
         args.operands[0] = plan.q;
         args.operands[1] = plan.k;
         args.positions = plan.positions;
         args.angles = cuda_detail::make_angle_args<kMaxPairs>(plan);
-        args.axes = plan.axes;
         args.style = plan.style;
         args.seq = plan.seq;
         args.rotary_dim = plan.rotary_dim;
@@ -104,6 +105,7 @@ public:
         args.total_items = args.q_items + plan.k.in_geometry.heads * rows_per_head;
         if (args.total_items == 0) return;
 
+        //! [launch]
         constexpr int threads = 256;
         const int64_t blocks = (args.total_items + threads - 1) / threads;
         const unsigned grid = static_cast<unsigned>(blocks < INT_MAX ? blocks : INT_MAX);  // The loop covers the rest.
@@ -114,6 +116,7 @@ public:
                                        cuda_detail::launch_config(grid, threads, cuda_detail::stream_of(plan)),
                                        rope_naive_kernel<Storage>, args);
         });
+        //! [launch]
     }
 };
 

@@ -3,7 +3,8 @@
 // poisons outputs with NaN, and states its tolerance:
 //  - against the float64 oracle: relative L2 error and max abs error, which for
 //    float32 grow with position because the float32 angle position*theta is rounded;
-//  - against cpu-naive: far tighter, since all backends compute the same float32 angles.
+//  - against cpu-naive: far tighter, since all backends compute the same float32
+//    angles (testing::naive_agreement).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,17 +14,14 @@
 #include "support.hpp"
 
 using testing::Call;
+using testing::check_call;
+using testing::check_close;
 using testing::make_call;
 
 namespace {
 
 constexpr rope::Layout bhsd = rope::Layout::bhsd;
 constexpr rope::Layout bshd = rope::Layout::bshd;
-
-// Tight agreement between two backends computing the same float32 angles:
-// a few float32 ulps of values up to about 3 in magnitude.
-constexpr double agree_rel_l2 = 5e-7;
-constexpr double agree_max_abs = 4e-6;
 
 rope::RopeConfig config_of(int64_t head_dim, int64_t rotary_dim = 0, rope::Style style = rope::Style::half_split,
                            double base = 10000.0) {
@@ -33,58 +31,6 @@ rope::RopeConfig config_of(int64_t head_dim, int64_t rotary_dim = 0, rope::Style
     config.style = style;
     config.base = base;
     return config;
-}
-
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel_tol, double abs_tol,
-                 const char* what) {
-    const oracle::ErrorStats stats = oracle::compare(got, want);
-    INFO(what << ": rel_l2 = " << stats.rel_l2 << " (tolerance " << rel_tol << "), max_abs = " << stats.max_abs
-              << " (tolerance " << abs_tol << "), non-finite = " << stats.non_finite);
-    CHECK(stats.non_finite == 0);
-    CHECK(stats.rel_l2 <= rel_tol);
-    CHECK(stats.max_abs <= abs_tol);
-}
-
-// Elements of storage outside the view (padding) must still hold the poison.
-bool padding_untouched(const testing::HostTensor& t) {
-    std::vector<bool> inside(t.storage.size(), false);
-    const int64_t units = rope::dtype_size(t.view.dtype) / 2;
-    const auto& v = t.view;
-    for (int64_t a = 0; a < v.shape[0]; ++a)
-        for (int64_t b = 0; b < v.shape[1]; ++b)
-            for (int64_t c = 0; c < v.shape[2]; ++c)
-                for (int64_t d = 0; d < v.shape[3]; ++d) {
-                    const int64_t e = a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3];
-                    for (int64_t u = 0; u < units; ++u) inside[size_t(e * units + u)] = true;
-                }
-    testing::HostTensor poisoned = t;
-    poisoned.poison();
-    for (size_t i = 0; i < t.storage.size(); ++i)
-        if (!inside[i] && t.storage[i] != poisoned.storage[i]) return false;
-    return true;
-}
-
-// Runs `call` on the backend and on cpu-naive; checks both against the oracle
-// and against each other. Returns false when the backend was skipped.
-void check_call(rope::Backend& backend, Call call, double oracle_rel, double oracle_abs) {
-    CAPTURE(testing::seed());
-    const testing::Expected want = testing::oracle_for(call);
-    Call reference = call;
-    testing::run(backend, call);
-    check_close(call.q_result().values(), want.q, oracle_rel, oracle_abs, "q vs float64 oracle");
-    check_close(call.k_result().values(), want.k, oracle_rel, oracle_abs, "k vs float64 oracle");
-    if (!call.in_place) {
-        CHECK_MESSAGE(padding_untouched(call.q_out), "q_out padding was written");
-        CHECK_MESSAGE(padding_untouched(call.k_out), "k_out padding was written");
-    }
-    if (backend.name() != "cpu-naive") {
-        auto naive = rope::make_backend("cpu-naive");
-        testing::run(*naive, reference);
-        check_close(call.q_result().values(), reference.q_result().values(), agree_rel_l2, agree_max_abs,
-                    "q vs cpu-naive");
-        check_close(call.k_result().values(), reference.k_result().values(), agree_rel_l2, agree_max_abs,
-                    "k vs cpu-naive");
-    }
 }
 
 }  // namespace
@@ -147,6 +93,40 @@ TEST_CASE_TEMPLATE_DEFINE("strided views: padded rows and heads, spaced features
     }
 }
 TEST_CASE_TEMPLATE_APPLY(strided, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("memory arrangements: padded, features 2 apart, off 16-byte alignment, heads/seq swapped, tail",
+                          B, arrangements) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    std::mt19937_64& rng = testing::rng();
+    for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16}) {
+        for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+            for (testing::Arrangement arrangement : testing::all_arrangements) {
+                for (bool in_place : {false, true}) {
+                    // The same arrangement for all four tensors, with a tail after
+                    // the inputs; then the inputs in it and the outputs dense.
+                    for (bool outputs_dense : {false, true}) {
+                        const testing::StorageOptions in{arrangement, 5}, out{
+                            outputs_dense ? testing::Arrangement::dense : arrangement, 0};
+                        CAPTURE(rope::dtype_name(dtype));
+                        CAPTURE(rope::style_name(style));
+                        CAPTURE(testing::storage_name(in));
+                        CAPTURE(testing::storage_name(out));
+                        CAPTURE(in_place);
+                        // 128 features with 96 rotating (a 16-byte path's worth), partial rotary.
+                        Call call = make_call(config_of(128, 96, style), dtype, bshd, {2, 7, 4, 128}, {2, 7, 2, 128});
+                        testing::arrange(call, {in, in, out, out}, rng);
+                        call.in_place = in_place;
+                        call.offset = 3;
+                        const testing::Tolerance tolerance = testing::oracle_tolerance(dtype, 10);
+                        check_call(*backend, call, tolerance.rel_l2, tolerance.max_abs);
+                    }
+                }
+            }
+        }
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(arrangements, AllBackends);
 
 TEST_CASE_TEMPLATE_DEFINE("positions: start offset, shared ids, per-sequence ids", B, positions) {
     auto backend = testing::backend_or_skip(B::name);
@@ -271,8 +251,17 @@ TEST_CASE_TEMPLATE_DEFINE("empty tensors are a valid no-op; q alone when k has n
     const rope::RopeConfig config = config_of(64);
     for (std::array<int64_t, 4> shape : {std::array<int64_t, 4>{0, 4, 8, 64}, std::array<int64_t, 4>{2, 4, 0, 64},
                                          std::array<int64_t, 4>{2, 0, 8, 64}}) {
-        Call call = make_call(config, rope::DType::f32, bhsd, shape, shape);
-        CHECK_NOTHROW(testing::run(*backend, call));
+        for (bool in_place : {false, true}) {
+            Call call = make_call(config, rope::DType::f32, bhsd, shape, shape);
+            call.in_place = in_place;
+            const Call before = call;
+            CHECK_NOTHROW(testing::run(*backend, call));
+            // A no-op: not one byte of any of the four tensors changed.
+            CHECK(call.q.storage == before.q.storage);
+            CHECK(call.k.storage == before.k.storage);
+            CHECK(call.q_out.storage == before.q_out.storage);
+            CHECK(call.k_out.storage == before.k_out.storage);
+        }
     }
     // k with zero heads: only q is rotated.
     Call q_only = make_call(config, rope::DType::f32, bhsd, {2, 4, 8, 64}, {2, 0, 8, 64});

@@ -30,3 +30,7 @@ inline constexpr const char* tested_backend_names[] = {CpuNaive::name, CpuEigen:
 
 // The list every backend-suite test is applied to (TEST_CASE_TEMPLATE_APPLY).
 using AllBackends = std::tuple<CpuNaive, CpuEigen, CudaNaive, CudaOptimized>;
+
+// The CUDA backends alone, for tests of what only they do (streams, graphs,
+// device pointers, tensors too large for a CPU test).
+using CudaBackends = std::tuple<CudaNaive, CudaOptimized>;

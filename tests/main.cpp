@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
     const int status = doctest::Context(argc, argv).run();
     if (testing::skipped_backend_tests() > 0)
         std::cout << "rope tests: " << testing::skipped_backend_tests()
-                  << " backend test case(s) SKIPPED (backend unavailable here; see ROPE_SKIPPED lines)" << std::endl;
+                  << " test case(s) SKIPPED (a backend, a second GPU or enough device memory is missing here; see "
+                     "ROPE_SKIPPED lines)"
+                  << std::endl;
     return status;
 }

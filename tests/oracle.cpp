@@ -13,9 +13,15 @@ namespace {
 
 long element_index(const rope::TensorView& view, long b, long h, long s, long d) {
     // Strides are given in the order the layout names its axes.
-    if (view.layout == rope::Layout::bhsd)
-        return b * view.strides[0] + h * view.strides[1] + s * view.strides[2] + d * view.strides[3];
-    return b * view.strides[0] + s * view.strides[1] + h * view.strides[2] + d * view.strides[3];
+    switch (view.layout) {
+        case rope::Layout::bhsd:
+            return b * view.strides[0] + h * view.strides[1] + s * view.strides[2] + d * view.strides[3];
+        case rope::Layout::bshd:
+            return b * view.strides[0] + s * view.strides[1] + h * view.strides[2] + d * view.strides[3];
+        case rope::Layout::thd:  // [tokens, heads, dim]: one packed sequence, b is always 0.
+            return s * view.strides[0] + h * view.strides[1] + d * view.strides[2];
+    }
+    throw std::invalid_argument("oracle: unknown layout");
 }
 
 struct Sizes {
@@ -23,11 +29,154 @@ struct Sizes {
 };
 
 Sizes sizes_of(const rope::TensorView& view) {
-    if (view.layout == rope::Layout::bhsd) return {view.shape[0], view.shape[1], view.shape[2], view.shape[3]};
-    return {view.shape[0], view.shape[2], view.shape[1], view.shape[3]};
+    switch (view.layout) {
+        case rope::Layout::bhsd: return {view.shape[0], view.shape[1], view.shape[2], view.shape[3]};
+        case rope::Layout::bshd: return {view.shape[0], view.shape[2], view.shape[1], view.shape[3]};
+        case rope::Layout::thd: return {1, view.shape[1], view.shape[0], view.shape[2]};
+    }
+    throw std::invalid_argument("oracle: unknown layout");
+}
+
+// The position of every token on every axis, [batch][seq][axes], read from
+// the user-level Positions by their definition (oracle.hpp).
+std::vector<long> position_table(const rope::Positions& p, long batch, long seq, long axes) {
+    if (p.device != rope::Device::host && (p.ids != nullptr || p.cu_seqlens != nullptr))
+        throw std::invalid_argument("oracle: positions must live on the host");
+    std::vector<long> table(size_t(batch * seq * axes));
+    auto at = [&](long b, long s, long a) -> long& { return table[size_t((b * seq + s) * axes + a)]; };
+    if (p.ids != nullptr) {
+        if (p.length != seq || p.cp_size != 1) throw std::invalid_argument("oracle: ids do not fit the tensor");
+        for (long b = 0; b < batch; ++b)
+            for (long s = 0; s < seq; ++s)
+                for (long a = 0; a < axes; ++a) {
+                    const long row = p.axes == 1 ? 0 : a;  // One row serves every axis of a single-axis call.
+                    at(b, s, a) = p.ids[(row * p.rows + (p.rows == 1 ? 0 : b)) * p.length + s];
+                }
+        return table;
+    }
+    if (p.cu_seqlens != nullptr) {
+        if (batch != 1) throw std::invalid_argument("oracle: packed sequences need batch 1");
+        for (long k = 0; k < p.sequences; ++k) {
+            const long first = p.cu_seqlens[k];
+            const long start = p.starts != nullptr ? p.starts[k] : p.offset;
+            const std::vector<long> held = held_tokens(p.cu_seqlens[k + 1] - first, p.cp_size, p.cp_rank);
+            for (size_t j = 0; j < held.size(); ++j)
+                for (long a = 0; a < axes; ++a) at(0, first + long(j), a) = start + held[j];
+        }
+        return table;
+    }
+    const std::vector<long> held = held_tokens(seq, p.cp_size, p.cp_rank);
+    for (long b = 0; b < batch; ++b)
+        for (long s = 0; s < seq; ++s)
+            for (long a = 0; a < axes; ++a) at(b, s, a) = p.offset + held[size_t(s)];
+    return table;
+}
+
+// Which axis turns each pair, and its theta, from RopeConfig::multi_axis's definition.
+struct PairRule {
+    std::vector<long> axis;
+    std::vector<double> theta;
+};
+
+PairRule pair_rule(const rope::RopeConfig& config, long rotary) {
+    const long pairs = rotary / 2;
+    const rope::MultiAxis& multi = config.multi_axis;
+    PairRule rule{std::vector<long>(size_t(pairs), 0), std::vector<double>(size_t(pairs))};
+    std::vector<long> index_in_axis(static_cast<size_t>(pairs), 0);
+    for (long j = 0; j < pairs; ++j) index_in_axis[size_t(j)] = j;
+    long total = 0;
+    for (int64_t n : multi.sections) total += n;
+    if (multi.assignment != rope::AxisAssignment::single && total != pairs)
+        throw std::invalid_argument("oracle: sections must sum to rotary_dim/2");
+
+    if (multi.assignment == rope::AxisAssignment::mrope_interleaved) {
+        // Everything temporal, then deal height pairs 1, 4, 7, ... and width pairs 2, 5, 8, ...
+        for (long a = 1; a <= 2; ++a)
+            for (long k = 0; k < multi.sections[size_t(a)]; ++k) {
+                if (a + 3 * k >= pairs) throw std::invalid_argument("oracle: interleaved section too long");
+                rule.axis[size_t(a + 3 * k)] = a;
+            }
+    } else if (multi.assignment != rope::AxisAssignment::single) {
+        // Runs: sections[0] pairs of axis 0, then sections[1] of axis 1, ...
+        long j = 0;
+        for (size_t a = 0; a < multi.sections.size(); ++a)
+            for (long k = 0; k < multi.sections[a]; ++k, ++j) {
+                rule.axis[size_t(j)] = long(a);
+                index_in_axis[size_t(j)] = k;
+            }
+    }
+    const double log_base = std::log(config.base);
+    for (long j = 0; j < pairs; ++j) {
+        // Axial: each axis is a RoPE of its own over 2 * sections[a] features.
+        const bool axial = multi.assignment == rope::AxisAssignment::axial;
+        const double exponent = axial ? double(index_in_axis[size_t(j)]) / double(multi.sections[size_t(rule.axis[size_t(j)])])
+                                      : 2.0 * double(j) / double(rotary);
+        rule.theta[size_t(j)] = std::exp(-exponent * log_base);
+        if (config.scaling.type == rope::ScalingType::linear) rule.theta[size_t(j)] /= config.scaling.factor;
+    }
+    return rule;
+}
+
+std::vector<double> rotate_with(const rope::RopeConfig& config, const rope::TensorView& x,
+                                const rope::Positions& positions, rope::Direction direction,
+                                const rope::CosSinCache* table) {
+    // The oracle's independence is in the rotation; the other scaling types'
+    // frequencies are checked against HuggingFace's own (tests/scaling_test.cpp),
+    // so refuse them here rather than silently rotating with unscaled ones.
+    if (config.scaling.type != rope::ScalingType::none && config.scaling.type != rope::ScalingType::linear)
+        throw std::invalid_argument("oracle::rotate supports scaling none and linear only");
+    if (table != nullptr && (table->device != rope::Device::host || table->dtype != rope::DType::f32))
+        throw std::invalid_argument("oracle: the cos/sin table must be float32 on the host");
+    const Sizes n = sizes_of(x);
+    const long rotary = config.rotary_dim == 0 ? config.head_dim : config.rotary_dim;
+    const long pairs = rotary / 2;
+    const long axes = config.multi_axis.assignment == rope::AxisAssignment::single ? 1 : long(config.multi_axis.sections.size());
+    const PairRule rule = pair_rule(config, rotary);
+    const std::vector<long> position = position_table(positions, n.batch, n.seq, axes);
+    const double sign = direction == rope::Direction::forward ? 1.0 : -1.0;
+
+    // cos + i sin of pair j at position p: computed, or read from the caller's table.
+    auto turn = [&](long p, long j) -> std::complex<double> {
+        if (table == nullptr) return std::polar(1.0, sign * double(p) * rule.theta[size_t(j)]);
+        if (p < 0 || p >= table->rows) return {NAN, NAN};
+        const long stride = table->row_stride == 0 ? table->cols : table->row_stride;
+        const float* row = static_cast<const float*>(table->data) + p * stride;
+        return {double(row[j]), sign * double(row[pairs + j])};
+    };
+
+    std::vector<double> out = values(x);
+    for (long b = 0; b < n.batch; ++b) {
+        for (long s = 0; s < n.seq; ++s) {
+            for (long h = 0; h < n.heads; ++h) {
+                double* row = out.data() + ((b * n.heads + h) * n.seq + s) * n.dim;
+                for (long j = 0; j < pairs; ++j) {
+                    const long p = position[size_t((b * n.seq + s) * axes + rule.axis[size_t(j)])];
+                    const bool interleaved = config.style == rope::Style::interleaved;
+                    const long first = interleaved ? 2 * j : j;
+                    const long second = interleaved ? 2 * j + 1 : j + pairs;
+                    const std::complex<double> turned = std::complex<double>(row[first], row[second]) * turn(p, j);
+                    row[first] = turned.real();
+                    row[second] = turned.imag();
+                }
+            }
+        }
+    }
+    return out;
 }
 
 }  // namespace
+
+std::vector<long> held_tokens(long local_length, long cp_size, long cp_rank) {
+    std::vector<long> held;
+    if (cp_size == 1) {
+        for (long t = 0; t < local_length; ++t) held.push_back(t);
+        return held;
+    }
+    const long chunk = local_length / 2;
+    for (long c : {cp_rank, 2 * cp_size - 1 - cp_rank})
+        for (long t = c * chunk; t < (c + 1) * chunk; ++t) held.push_back(t);
+    return held;
+}
 
 double read(const rope::TensorView& view, long b, long h, long s, long d) {
     const long i = element_index(view, b, h, s, d);
@@ -62,42 +211,15 @@ std::vector<double> values(const rope::TensorView& view) {
 
 std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorView& x,
                            const rope::Positions& positions, rope::Direction direction) {
-    // The oracle's independence is in the rotation; the other scaling types'
-    // frequencies are checked against HuggingFace's own (tests/scaling_test.cpp),
-    // so refuse them here rather than silently rotating with unscaled ones.
-    if (config.scaling.type != rope::ScalingType::none && config.scaling.type != rope::ScalingType::linear)
-        throw std::invalid_argument("oracle::rotate supports scaling none and linear only");
-    const Sizes n = sizes_of(x);
-    const long rotary = config.rotary_dim == 0 ? config.head_dim : config.rotary_dim;
-    const long half = rotary / 2;
-    std::vector<double> theta(static_cast<size_t>(half));
-    for (long i = 0; i < half; ++i) {
-        theta[size_t(i)] = std::exp(-(2.0 * double(i) / double(rotary)) * std::log(config.base));
-        if (config.scaling.type == rope::ScalingType::linear) theta[size_t(i)] /= config.scaling.factor;
-    }
-    const double sign = direction == rope::Direction::forward ? 1.0 : -1.0;
+    return rotate_with(config, x, positions, direction, nullptr);
+}
 
-    std::vector<double> out = values(x);
-    for (long b = 0; b < n.batch; ++b) {
-        for (long s = 0; s < n.seq; ++s) {
-            double position = double(positions.offset + s);
-            if (positions.ids != nullptr)
-                position = double(positions.ids[(positions.rows == 1 ? 0 : b) * positions.length + s]);
-            for (long h = 0; h < n.heads; ++h) {
-                double* row = out.data() + ((b * n.heads + h) * n.seq + s) * n.dim;
-                for (long i = 0; i < half; ++i) {
-                    const bool interleaved = config.style == rope::Style::interleaved;
-                    const long first = interleaved ? 2 * i : i;
-                    const long second = interleaved ? 2 * i + 1 : i + half;
-                    const std::complex<double> z(row[first], row[second]);
-                    const std::complex<double> turned = z * std::polar(1.0, sign * position * theta[size_t(i)]);
-                    row[first] = turned.real();
-                    row[second] = turned.imag();
-                }
-            }
-        }
-    }
-    return out;
+std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorView& x,
+                           const rope::Positions& positions, rope::Direction direction,
+                           const rope::CosSinCache& table) {
+    if (config.scaling.type != rope::ScalingType::none)
+        throw std::invalid_argument("oracle: a cos/sin table replaces the frequencies; scaling must be none");
+    return rotate_with(config, x, positions, direction, table.data != nullptr ? &table : nullptr);
 }
 
 ErrorStats compare(const std::vector<double>& got, const std::vector<double>& want) {

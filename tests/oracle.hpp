@@ -3,24 +3,54 @@
 //
 // It deliberately shares no code with the backends or with common/'s plan and
 // rotation helpers: it reads user-level arguments (RopeConfig, TensorView,
-// Positions) with its own indexing, computes theta_i with exp/log instead of
-// pow, rotates pairs as complex numbers in double precision, and converts
-// fp16 with the compiler's _Float16 instead of rope's bit tricks. A backend
-// that agrees with it therefore agrees with the formula, not with itself.
+// Positions, CosSinCache) with its own indexing, computes theta_i with exp/log
+// instead of pow, rotates pairs as complex numbers in double precision, and
+// converts fp16 with the compiler's _Float16 instead of rope's bit tricks. A
+// backend that agrees with it therefore agrees with the formula, not with itself.
+//
+// Every position form is stated here once more, from its definition:
+//  - offset o: token s has position o + s;
+//  - ids [axes, rows, length]: token s of sequence b reads ids[a][rows == 1 ? 0 : b][s] on axis a;
+//  - packed sequences: token t of sequence k (cu_seqlens[k] <= t < cu_seqlens[k+1])
+//    has position t - cu_seqlens[k] + start[k] (start = starts[k], or the offset);
+//  - context-parallel shards: a sequence of N = cp_size * L tokens is cut into
+//    2*cp_size chunks of L/2; rank r holds chunks r and 2*cp_size-1-r, so its
+//    j-th local token is the global token listed j-th (then the offset or start is added);
+//  - multi-axis pairs (which axis turns pair j): M-RoPE contiguous: runs of
+//    sections[a] pairs per axis; M-RoPE interleaved (Qwen3-VL): every pair temporal,
+//    then height is dealt pairs 1, 4, 7, ... (sections[1] of them) and width 2, 5, 8, ...
+//    (sections[2]); axial: runs as contiguous, with theta restarting on each axis
+//    (base^(-j / sections[a]) for the j-th pair of axis a); elsewhere theta_j = base^(-2j / rotary_dim);
+//  - a caller's cos/sin table: row p holds cos of every pair, then sin of every
+//    pair; a position outside the table gives NaN in the rotated features (what
+//    the CUDA backends document for device ids; host ids there are an error).
 #include <vector>
 
+#include "rope/args.hpp"
 #include "rope/config.hpp"
 #include "rope/positions.hpp"
 #include "rope/tensor.hpp"
 
 namespace oracle {
 
+// The global token indices a context-parallel rank holds, in its local order:
+// a sequence of cp_size * local_length tokens is cut into 2 * cp_size chunks of
+// local_length / 2, and rank cp_rank holds chunk cp_rank, then chunk 2*cp_size-1-cp_rank.
+std::vector<long> held_tokens(long local_length, long cp_size, long cp_rank);
+
 // Reads element (b, h, s, d) of a host view, whatever its layout, strides and dtype.
 double read(const rope::TensorView& view, long b, long h, long s, long d);
 
 // Exact RoPE of one host tensor in float64; the result is dense in (batch, heads, seq, dim) order.
+// Positions must live on the host; scaling may be none or linear (others throw std::invalid_argument).
 std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorView& x,
                            const rope::Positions& positions, rope::Direction direction);
+
+// The same with a caller's cos/sin table (on the host): cos and sin are read
+// from it instead of computed (config.scaling must then be none).
+std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorView& x,
+                           const rope::Positions& positions, rope::Direction direction,
+                           const rope::CosSinCache& table);
 
 // All elements of a host view as doubles, dense in (batch, heads, seq, dim) order.
 std::vector<double> values(const rope::TensorView& view);

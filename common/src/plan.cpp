@@ -208,21 +208,19 @@ void check_ids(const Positions& positions, int64_t batch, int64_t seq, int64_t c
     facts.source.ids = positions.ids;
     facts.source.axis_stride = positions.rows * positions.length;
     facts.source.row_stride = positions.rows == 1 ? 0 : seq;
-    facts.max_position = seq;
     if (positions.device != Device::host) return;
     // Device-resident ids cannot be inspected without a copy; host ids are checked.
     for (int64_t i = 0; i < positions.axes * positions.rows * positions.length; ++i) {
         if (positions.ids[i] < 0) fail("positions.ids[" + std::to_string(i) + "]", positions.ids[i], "must be >= 0");
         facts.largest = std::max(facts.largest, positions.ids[i]);
     }
-    if (facts.largest >= 0)
-        facts.max_position = std::max(facts.max_position, positions_end("positions.ids", facts.largest, 1, 1));
+    // As HF's dynamic and longrope updates: max(position_ids) + 1, whatever seq is
+    // (M-RoPE ids of an image advance more slowly than its tokens).
+    facts.max_position = facts.largest < 0 ? 0 : positions_end("positions.ids", facts.largest, 1, 1);
 }
 
 // Packed sequences: cu_seqlens [sequences + 1] over the seq axis of a batch-1 tensor.
 void check_packed(const Positions& positions, int64_t batch, int64_t seq, PositionFacts& facts) {
-    if (positions.ids != nullptr)
-        fail("positions.ids", "set", "must be null with cu_seqlens (packed ids are one row of ids: use ids alone)");
     if (batch != 1)
         fail("batch", batch, "must be 1 with cu_seqlens (a thd tensor, or a bshd/bhsd view of one packed row)");
     if (positions.sequences < 1) fail("positions.sequences", positions.sequences, "must be >= 1 with cu_seqlens");
@@ -280,6 +278,8 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
         fail("positions.sequences", positions.sequences, "must be 0 without cu_seqlens");
     if (positions.cu_seqlens == nullptr && positions.starts != nullptr)
         fail("positions.starts", "set", "is only read with cu_seqlens (packed sequences)");
+    if (positions.cu_seqlens != nullptr && positions.ids != nullptr)
+        fail("positions.ids", "set", "must be null with cu_seqlens (packed ids are one row of ids: use ids alone)");
 
     const bool arrays = positions.ids != nullptr || positions.cu_seqlens != nullptr;
     if (arrays) check_device("positions.device", positions.device, device);
@@ -301,7 +301,8 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
             fail("positions.max_position", positions.max_position,
                  std::string("must be given (largest position + 1) for device-resident positions with scaling type ") +
                      std::string(scaling_type_name(config.scaling.type)) + ", whose frequencies depend on the length");
-        facts.max_position = std::max(std::max(seq, facts.max_position), positions.max_position);
+        // The caller's bound, as rope would have computed it from host arrays.
+        facts.max_position = positions.max_position;
     }
     return facts;
 }

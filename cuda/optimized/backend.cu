@@ -1,62 +1,63 @@
 // cuda-optimized: RoPE at the speed of a memory copy.
 //
-// The kernel and the reasoning behind its shape are in optimized_kernel.cuh;
-// how a thread touches its piece of a row (16-byte vectors, or the generic
-// strided fallback) is in row_access.cuh. This file is the backend: it picks
-// the access path and the size of the frequency table for a Plan, and launches.
+// The kernel and the reasoning behind its shape are in unit_kernel.cuh; how a
+// thread touches its chunk of a row (16-byte vectors, or the generic strided
+// fallback) is in row_access.cuh and vector_layout.hpp. This file is the
+// backend: it picks, for a Plan, the access path, the batching of loads and
+// the capacity of the angle arguments, as measured best on the H200 with
+// bench/tune.cu (rope-tune), and launches.
 #include <memory>
 
 #include "check.hpp"
-#include "rope/detail/backend_factories.hpp"
 #include "kernel_args.cuh"
-#include "kernel.cuh"
+#include "pointer_check.hpp"
+#include "rope/detail/backend_factories.hpp"
 #include "row_access.cuh"
+#include "unit_kernel.cuh"
 
 namespace rope {
 namespace cuda_detail {
 namespace {
 
-/// Frequency-table capacity for rotary_dim <= 128: each launch then carries
-/// 256 bytes of table instead of 2 KB, which trims small, latency-bound launches.
+/// Angle-argument capacity for rotary_dim <= 128: each launch then carries
+/// about 600 bytes of frequency table instead of 4.6 KB, which trims small,
+/// latency-bound launches.
 constexpr int kSmallCapacity = 64;
 
-/// The 16-byte path per regime (row_access.cuh; chosen with
-/// rope-cuda-self-check --tune on the H200).
-/// Bandwidth regime: streaming hints (evict first), measured 0.5-1% ahead of
-/// plain accesses; a software pipeline for fp32, whose arithmetic is light,
-/// and bigger batches without one for the 2-byte types, whose conversions
-/// make more live registers (a pipeline there cost 1-3%).
-/// Latency regime: single 128-bit instructions through the cache-operator
-/// intrinsics, and the pipeline (a thread has two rows, nothing else to overlap).
-template <typename Storage, Style kStyle>
-using BandwidthPath = VectorPath<Storage, kStyle, StreamingAccess, /*Pipelined=*/sizeof(Storage) == 4>;
-template <typename Storage, Style kStyle>
-using LatencyPath = VectorPath<Storage, kStyle, CachedAccess, /*Pipelined=*/true>;
-
-/// Launches the kernel for @p plan with the given access path.
-template <typename Storage, typename Path, int Capacity>
-void launch_path(const Plan& plan, const DeviceInfo& device) {
-    launch_optimized<Storage, Path, Path::kRowsInFlight, Capacity, Path::kMinBlocksPerSM>(plan, device, LaunchTuning{});
-}
-
-/// The 16-byte path for @p plan's style, with the access flavour measured best for its regime.
+/// The launch, per regime, as measured best by rope-tune on the H200
+/// (2026-12-02; bench/results/h200-tune.csv):
+/// - bandwidth regime: batches of 4 rows loaded before use, no software
+///   pipeline, default caching (streaming hints and the pipeline measured
+///   0.5-3 points slower), 128-thread blocks; 8 rows per thread for float32,
+///   16 for the 2-byte types (whose chunk holds twice the pairs, so fewer
+///   threads share a token and each needs more rows to amortise its sincosf);
+/// - latency regime: 2 rows in flight, pipelined, 2 rows per thread;
+/// - any view the 16-byte path cannot take: the generic path, 4 rows in flight.
 template <typename Storage, Style kStyle, int Capacity>
 void launch_vector(const Plan& plan, const DeviceInfo& device) {
-    if (bandwidth_bound(plan, chunks_per_row<VectorPath<Storage, kStyle>>(plan), device, LaunchTuning{}))
-        launch_path<Storage, BandwidthPath<Storage, kStyle>, Capacity>(plan, device);
+    LaunchSettings settings;
+    settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
+    using Path = VectorPath<Storage, kStyle, DefaultAccess>;
+    if (bandwidth_regime(plan, chunks_per_row<Path>(plan), device, settings))
+        launch_units<Storage, Path, 4, false, 1, Capacity>(plan, device, settings);
     else
-        launch_path<Storage, LatencyPath<Storage, kStyle>, Capacity>(plan, device);
+        launch_units<Storage, Path, 2, true, 1, Capacity>(plan, device, settings);
 }
 
-/// Picks the access path for @p plan: 16-byte vectors where the views allow, else generic.
+template <typename Storage, Style kStyle, int Capacity>
+void launch_styled(const Plan& plan, const DeviceInfo& device) {
+    if (vector_path_fits<Storage>(plan))
+        launch_vector<Storage, kStyle, Capacity>(plan, device);
+    else
+        launch_units<Storage, GenericPath<Storage, kStyle>, 4, true, 1, Capacity>(plan, device, LaunchSettings{});
+}
+
 template <typename Storage, int Capacity>
 void launch_for_plan(const Plan& plan, const DeviceInfo& device) {
-    if (plan.style == Style::half_split && vector_path_fits<Storage, Style::half_split>(plan))
-        launch_vector<Storage, Style::half_split, Capacity>(plan, device);
-    else if (plan.style == Style::interleaved && vector_path_fits<Storage, Style::interleaved>(plan))
-        launch_vector<Storage, Style::interleaved, Capacity>(plan, device);
+    if (plan.style == Style::half_split)
+        launch_styled<Storage, Style::half_split, Capacity>(plan, device);
     else
-        launch_path<Storage, GenericPath<Storage>, Capacity>(plan, device);
+        launch_styled<Storage, Style::interleaved, Capacity>(plan, device);
 }
 
 class OptimizedCudaBackend final : public Backend {
@@ -65,7 +66,8 @@ public:
     Device device() const override { return Device::cuda; }
     BackendLimits limits() const override { return cuda_limits(); }
     void run(const Plan& plan) override {
-        const DeviceInfo& device = current_device_info();
+        check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
+        const DeviceInfo device = current_device_info();
         dispatch_dtype(plan.dtype, [&](auto storage) {
             using Storage = decltype(storage);
             if (plan.pairs <= kSmallCapacity)
@@ -76,18 +78,15 @@ public:
     }
 
 private:
-    // What the launch needs to know about the current device, asked again only when the device changes.
-    const DeviceInfo& current_device_info() {
+    // The current device's SM count and capabilities: attribute queries, which
+    // do not synchronise. Asked on every call (well under a microsecond of host
+    // time) rather than cached, so one backend object may serve several threads
+    // and devices at once without shared mutable state.
+    static DeviceInfo current_device_info() {
         int device = 0;
         check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-        if (device != cached_device_) {
-            cached_info_ = device_info(device);
-            cached_device_ = device;
-        }
-        return cached_info_;
+        return device_info(device);
     }
-    int cached_device_ = -1;
-    DeviceInfo cached_info_;
 };
 
 }  // namespace

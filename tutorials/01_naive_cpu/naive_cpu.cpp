@@ -35,11 +35,13 @@ void rotate_in_loops(std::vector<float>& x, const tutorial::Shape& shape, const 
                 float* row = x.data() + ((b * shape.heads + h) * shape.seq + s) * shape.head_dim;
                 const int64_t position = s;
                 for (int64_t i = 0; i < rotary_dim / 2; ++i) {
+                    //! [the three rules]
                     // The angle in float32, exactly as HuggingFace computes it.
                     const float angle = rope::rope_angle(position, table.inv_freq[size_t(i)]);
                     // Which two features form pair i: the pairing convention.
                     const rope::PairIndex pair = rope::pair_elements(config.style, rotary_dim, i);
                     rope::rotate_pair(row[pair.first], row[pair.second], std::cos(angle), std::sin(angle));
+                    //! [the three rules]
                 }
             }
 }
@@ -49,9 +51,11 @@ void rotate_in_loops(std::vector<float>& x, const tutorial::Shape& shape, const 
 void rotate_with_library(rope::Backend& backend, const rope::RopeConfig& config, std::vector<float>& q,
                          std::vector<float>& k, const tutorial::Shape& shape) {
     const auto layout = rope::Layout::bhsd;
+    //! [through the library]
     auto q_view = rope::TensorView::contiguous(q.data(), rope::DType::f32, rope::Device::host, layout, shape.in(layout));
     auto k_view = rope::TensorView::contiguous(k.data(), rope::DType::f32, rope::Device::host, layout, shape.in(layout));
     rope::apply(backend, config, rope::RopeArgs::in_place(q_view, k_view));  // Positions 0..seq-1 by default.
+    //! [through the library]
 }
 
 // softmax(q_m . k_n / sqrt(d)) over keys n = 0..m: what token m attends to

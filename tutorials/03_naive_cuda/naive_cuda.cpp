@@ -7,9 +7,10 @@
 //   1. the launch configuration: how many threads, grouped into how many blocks;
 //   2. host and device memory: the GPU computes on its own memory, so q and k
 //      travel there and back (rope::Buffer);
-//   3. error checking: every CUDA call returns a status, a kernel launch
-//      reports only through cudaGetLastError, and a fault inside a kernel
-//      surfaces later, at the next synchronising call.
+//   3. error checking: every CUDA call returns a status; a <<<>>> launch
+//      reports only through cudaGetLastError, so the library launches with
+//      cudaLaunchKernelEx, which returns the status of that launch alone; a
+//      fault inside a kernel surfaces later, at the next synchronising call.
 // Without a GPU the chapter shows what it can (1 and 3) and reports SKIPPED.
 #include <cstdio>
 #include <string>
@@ -147,6 +148,7 @@ int main() {
     const std::vector<float> k_input = tutorial::random_values(size_t(kKey.numel()), 22);
     // The GPU computes on its own memory: allocate there, copy in, describe
     // that memory with Device::cuda views, rotate, copy back.
+    //! [host to device and back]
     rope::Buffer q_device(rope::Device::cuda, q_input.size() * sizeof(float));
     rope::Buffer k_device(rope::Device::cuda, k_input.size() * sizeof(float));
     q_device.copy_from_host(q_input.data());
@@ -161,6 +163,7 @@ int main() {
     std::vector<float> q_gpu(q_input.size()), k_gpu(k_input.size());
     q_device.copy_to_host(q_gpu.data());
     k_device.copy_to_host(k_gpu.data());
+    //! [host to device and back]
 
     std::vector<float> q_cpu = q_input, k_cpu = k_input;
     auto cpu_naive = rope::make_backend("cpu-naive");

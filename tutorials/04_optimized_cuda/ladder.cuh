@@ -10,10 +10,12 @@
 namespace ladder {
 
 /// Throws rope::Error naming @p what if the last kernel launch was rejected.
+//! [check_launch]
 inline void check_launch(const char* what) {
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) rope::fail(what, cudaGetErrorName(status), cudaGetErrorString(status));
 }
+//! [check_launch]
 
 /// cos and sin of pair i at `position`: the library's float32 angle, accurate sincosf.
 __device__ inline void angle_cos_sin(const Problem& p, int64_t position, int64_t i, float& c, float& s) {

@@ -10,7 +10,6 @@
 // the same bytes moved keeps the comparison fair.
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <string>
 
 #include <rope/host_device.hpp>
@@ -151,11 +150,8 @@ inline constexpr int kVersions = 6;
 /// The current GPU's Device facts, and its name in @p name (throws rope::Error if there is none).
 Device query_device(std::string& name);
 /// Enqueues version @p version on the default stream; checks the launch.
+/// (Timing is not here: the chapter uses rope-bench's timer, bench/timing/cuda_timing.hpp.)
 void launch(int version, const Problem& p, const Device& device);
-/// Median microseconds per call of @p enqueue (CUDA events around back-to-back calls).
-double time_microseconds(const std::function<void()>& enqueue);
-/// Enqueues a device-to-device cudaMemcpy of @p bytes.
-void copy_device_to_device(void* destination, const void* source, int64_t bytes);
 /// Fills @p bytes of device memory with 0xFF bytes (NaN floats): a version that
 /// writes nothing cannot pass by reusing the previous version's output.
 void poison(void* device_memory, int64_t bytes);

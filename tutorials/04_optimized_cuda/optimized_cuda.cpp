@@ -5,16 +5,20 @@
 //   prefill: a 4096-token prompt, where RoPE should run at the memory's speed;
 //   decode:  one new token for each of 32 sequences, where a launch is so small
 //            that latency, not bandwidth, sets the time.
-// Each version is checked against cpu-naive and timed with CUDA events; its
-// bandwidth is compared with a device-to-device cudaMemcpy of the same bytes,
-// measured in the same run. The library's two CUDA backends, called through
+// Each version is checked against cpu-naive and timed as rope-bench times
+// (bench/timing/cuda_timing.hpp: CUDA events around batches of calls, on copies
+// of q and k that span twice the L2); its bandwidth is compared with the copy
+// ceiling of the same bytes measured in the same run, so the chapter's "% of
+// copy" and rope-bench's mean the same thing. The library's two CUDA backends, called through
 // rope::apply, close the table: cuda-naive, and cuda-optimized, the production
 // kernel (cuda/optimized_kernel.cuh), which goes further than this ladder.
 //
 // Without a GPU the program prints every version's launch configuration (for
 // an H200's published SM count) and reports SKIPPED.
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +26,9 @@
 
 #include "ladder.hpp"
 #include "tutorial.hpp"
+#if ROPE_TUTORIAL_HAVE_CUDA
+#include "cuda_timing.hpp"  // rope-bench's timer: the project's one meaning of "% of copy".
+#endif
 
 namespace {
 
@@ -74,12 +81,18 @@ void print_grids(const ladder::Device& device) {
 
 #if ROPE_TUTORIAL_HAVE_CUDA
 
-// Everything one regime needs on both sides: inputs, cpu-naive's answer, device buffers.
+// Everything one regime needs on both sides: inputs, cpu-naive's answer, and
+// on the GPU `sets` copies of q and k (and of the outputs) that together span
+// twice the L2, as rope-bench measures: call c works on set c % sets, so every
+// timed call reads its inputs from memory, not from the cache. A set holds q,
+// then k; set s starts at s * stride.
 struct Workload {
     Regime regime;
     std::vector<float> q, k, q_expected, k_expected;
-    rope::Buffer q_in, k_in, q_out, k_out, inv_freq;
-    ladder::Problem problem;
+    size_t q_bytes = 0, set_bytes = 0, stride = 0;
+    int64_t sets = 1;
+    rope::Buffer inputs, outputs, inv_freq;
+    std::vector<ladder::Problem> problems;  // One per set.
 
     Workload(const Regime& r, const rope::RopeConfig& config) : regime(r) {
         const size_t q_count = size_t(tokens(r) * kQueryHeads * kHeadDim), k_count = size_t(tokens(r) * kKeyHeads * kHeadDim);
@@ -91,22 +104,38 @@ struct Workload {
         rope::apply(*cpu, config, rope::RopeArgs::in_place(view(q_expected.data(), kQueryHeads, rope::Device::host),
                                                             view(k_expected.data(), kKeyHeads, rope::Device::host),
                                                             rope::Positions::starting_at(r.offset)));
-        q_in = rope::Buffer(rope::Device::cuda, q_count * 4);
-        k_in = rope::Buffer(rope::Device::cuda, k_count * 4);
-        q_out = rope::Buffer(rope::Device::cuda, q_count * 4);
-        k_out = rope::Buffer(rope::Device::cuda, k_count * 4);
-        q_in.copy_from_host(q.data());
-        k_in.copy_from_host(k.data());
+        q_bytes = q_count * 4;
+        set_bytes = q_bytes + k_count * 4;
+        stride = rope_bench::set_stride(set_bytes);
+        sets = rope_bench::sets_spanning_twice(set_bytes, rope_bench::cuda_l2_bytes());
+        std::vector<char> staging(stride * size_t(sets));
+        for (int64_t s = 0; s < sets; ++s) {
+            std::memcpy(staging.data() + size_t(s) * stride, q.data(), q_bytes);
+            std::memcpy(staging.data() + size_t(s) * stride + q_bytes, k.data(), k_count * 4);
+        }
+        inputs = rope::Buffer(rope::Device::cuda, staging.size());
+        outputs = rope::Buffer(rope::Device::cuda, staging.size());
+        inputs.copy_from_host(staging.data());
         // The same float32 theta_i the library's backends use.
         const std::vector<float> table = rope::make_frequency_table(config, r.offset + r.seq).inv_freq;
         inv_freq = rope::Buffer(rope::Device::cuda, table.size() * 4);
         inv_freq.copy_from_host(table.data());
-        problem = problem_shape(r);
-        problem.q = static_cast<const float*>(q_in.data());
-        problem.k = static_cast<const float*>(k_in.data());
-        problem.q_out = static_cast<float*>(q_out.data());
-        problem.k_out = static_cast<float*>(k_out.data());
-        problem.inv_freq = static_cast<const float*>(inv_freq.data());
+        for (int64_t s = 0; s < sets; ++s) {
+            ladder::Problem problem = problem_shape(r);
+            problem.q = q_of(inputs, s);
+            problem.k = k_of(inputs, s);
+            problem.q_out = q_of(outputs, s);
+            problem.k_out = k_of(outputs, s);
+            problem.inv_freq = static_cast<const float*>(inv_freq.data());
+            problems.push_back(problem);
+        }
+    }
+
+    float* q_of(const rope::Buffer& buffer, int64_t set) const {
+        return reinterpret_cast<float*>(static_cast<char*>(buffer.data()) + size_t(set) * stride);
+    }
+    float* k_of(const rope::Buffer& buffer, int64_t set) const {
+        return reinterpret_cast<float*>(static_cast<char*>(buffer.data()) + size_t(set) * stride + q_bytes);
     }
 
     rope::TensorView view(void* data, int64_t heads, rope::Device device) const {
@@ -114,17 +143,33 @@ struct Workload {
                                             {regime.batch, regime.seq, heads, kHeadDim});
     }
 
-    // Poison the outputs, run `enqueue` once, and return the largest difference from cpu-naive.
+    // Poison the outputs, run `enqueue` once (on set 0), and return the largest difference from cpu-naive.
     template <typename Enqueue>
     double check(Enqueue&& enqueue) {
-        ladder::poison(q_out.data(), int64_t(q_out.bytes()));
-        ladder::poison(k_out.data(), int64_t(k_out.bytes()));
+        ladder::poison(outputs.data(), int64_t(outputs.bytes()));
         enqueue();
         ladder::synchronize();
+        std::vector<char> got(outputs.bytes());
+        outputs.copy_to_host(got.data());
         std::vector<float> q_got(q.size()), k_got(k.size());
-        q_out.copy_to_host(q_got.data());
-        k_out.copy_to_host(k_got.data());
+        std::memcpy(q_got.data(), got.data(), q_bytes);
+        std::memcpy(k_got.data(), got.data() + q_bytes, k_got.size() * 4);
         return std::max(tutorial::max_abs_difference(q_got, q_expected), tutorial::max_abs_difference(k_got, k_expected));
+    }
+
+    // Median microseconds per call of run(set), with rope-bench's timer: CUDA
+    // events around batches of back-to-back calls lasting at least 1 ms each.
+    double time_us(const std::function<void(int64_t set)>& run) const {
+        return rope_bench::cuda_call_us([&](int64_t call) { run(call % sets); }, rope_bench::GpuClock::events,
+                                        rope_bench::kDefaultGpuReps, sets, nullptr);
+    }
+
+    // The copy ceiling of the same bytes on the same sets: rope-bench's, the
+    // fastest of cudaMemcpyAsync and a 16-byte copy kernel, each back to back
+    // and replayed from a CUDA graph.
+    rope_bench::Ceiling ceiling() const {
+        return rope_bench::cuda_copy_ceiling({inputs.data(), outputs.data(), set_bytes, stride, sets},
+                                             rope_bench::kDefaultGpuReps);
     }
 };
 
@@ -176,7 +221,7 @@ int main(int argc, char** argv) {
     }
 
 #if ROPE_TUTORIAL_HAVE_CUDA
-    tutorial::print_section("4. Measured: each step checked against cpu-naive, timed with CUDA events");
+    tutorial::print_section("4. Measured: each step checked against cpu-naive, timed as rope-bench times");
     std::printf("device: %s (%d SMs), %s\n", device_name.c_str(), device.sms, utc_date().c_str());
     rope::RopeConfig config;
     config.head_dim = kHeadDim;
@@ -189,9 +234,9 @@ int main(int argc, char** argv) {
     for (int v = 1; v <= ladder::kVersions; ++v) {
         Result result{ladder::kSteps[v - 1].name, ladder::kSteps[v - 1].idea};
         for (Workload* w : {&prefill, &decode}) {
-            auto run = [&] { ladder::launch(v, w->problem, device); };
-            result.max_difference = std::max(result.max_difference, w->check(run));
-            (w == &prefill ? result.prefill_us : result.decode_us) = ladder::time_microseconds(run);
+            auto run = [&](int64_t set) { ladder::launch(v, w->problems[size_t(set)], device); };
+            result.max_difference = std::max(result.max_difference, w->check([&] { run(0); }));
+            (w == &prefill ? result.prefill_us : result.decode_us) = w->time_us(run);
         }
         results.push_back(result);
     }
@@ -199,23 +244,25 @@ int main(int argc, char** argv) {
         auto backend = rope::make_backend(name);
         Result result{std::string(name) + " (library)", "rope::apply, validation included in every call"};
         for (Workload* w : {&prefill, &decode}) {
-            const rope::RopeArgs args = rope::RopeArgs::out_of_place(
-                w->view(w->q_in.data(), kQueryHeads, rope::Device::cuda), w->view(w->k_in.data(), kKeyHeads, rope::Device::cuda),
-                w->view(w->q_out.data(), kQueryHeads, rope::Device::cuda), w->view(w->k_out.data(), kKeyHeads, rope::Device::cuda),
-                rope::Positions::starting_at(w->regime.offset));
-            auto run = [&] { rope::apply(*backend, config, args); };
-            result.max_difference = std::max(result.max_difference, w->check(run));
-            (w == &prefill ? result.prefill_us : result.decode_us) = ladder::time_microseconds(run);
+            std::vector<rope::RopeArgs> args;  // One call per set.
+            for (int64_t s = 0; s < w->sets; ++s)
+                args.push_back(rope::RopeArgs::out_of_place(
+                    w->view(w->q_of(w->inputs, s), kQueryHeads, rope::Device::cuda),
+                    w->view(w->k_of(w->inputs, s), kKeyHeads, rope::Device::cuda),
+                    w->view(w->q_of(w->outputs, s), kQueryHeads, rope::Device::cuda),
+                    w->view(w->k_of(w->outputs, s), kKeyHeads, rope::Device::cuda),
+                    rope::Positions::starting_at(w->regime.offset)));
+            auto run = [&](int64_t set) { rope::apply(*backend, config, args[size_t(set)]); };
+            result.max_difference = std::max(result.max_difference, w->check([&] { run(0); }));
+            (w == &prefill ? result.prefill_us : result.decode_us) = w->time_us(run);
         }
         results.push_back(result);
     }
-    // The ceiling: copying q and k to the outputs moves exactly the bytes RoPE moves, with no arithmetic.
-    Result copy{"cudaMemcpy D2D (ceiling)", "copy of q and k: the bytes RoPE moves, no arithmetic"};
-    for (Workload* w : {&prefill, &decode})
-        (w == &prefill ? copy.prefill_us : copy.decode_us) = ladder::time_microseconds([&] {
-            ladder::copy_device_to_device(w->q_out.data(), w->q_in.data(), int64_t(w->q_in.bytes()));
-            ladder::copy_device_to_device(w->k_out.data(), w->k_in.data(), int64_t(w->k_in.bytes()));
-        });
+    // The ceiling: copying q and k moves exactly the bytes RoPE moves, with no arithmetic.
+    const rope_bench::Ceiling prefill_ceiling = prefill.ceiling(), decode_ceiling = decode.ceiling();
+    Result copy{"copy ceiling (" + prefill_ceiling.name + ")", "the fastest copy of q and k: the bytes RoPE moves, no arithmetic"};
+    copy.prefill_us = prefill_ceiling.us;
+    copy.decode_us = decode_ceiling.us;
 
     const double prefill_bytes = bytes_moved(kPrefill);
     auto gbps = [&](double us) { return prefill_bytes / (us * 1e-6) / 1e9; };
@@ -237,10 +284,14 @@ int main(int argc, char** argv) {
     std::printf("%-28s %12.1f %9.0f %7.0f%% %12.2f %14s\n", copy.name.c_str(), copy.prefill_us, gbps(copy.prefill_us),
                 100.0, copy.decode_us, "-");
     csv.row("copy", copy.name, copy.prefill_us, gbps(copy.prefill_us), 100.0, copy.decode_us, 0);
-    std::printf("\nTimes: median over 31 samples of back-to-back calls (CUDA events), per call. GB/s = %.1f MB\n"
-                "moved / time. %% copy = copy time / step time. Decode is latency-bound: compare its times,\n"
-                "not its bandwidth. The library rows include rope::apply's validation on the CPU.\n",
-                prefill_bytes / 1e6);
+    std::printf("\nTimes: rope-bench's timer (bench/timing/), per call: the median of %d repetitions, each CUDA\n"
+                "events around back-to-back calls lasting at least 1 ms, rotating over %ld (prefill) and %ld\n"
+                "(decode) copies of q and k that span twice the L2. GB/s = %.1f MB moved / time. %% copy = ceiling\n"
+                "time / step time; the ceiling is the fastest of cudaMemcpyAsync and a 16-byte copy kernel, each\n"
+                "back to back and from a CUDA graph: %s (prefill), %s (decode). Decode is latency-bound:\n"
+                "compare its times, not its bandwidth. The library rows include rope::apply's validation.\n",
+                rope_bench::kDefaultGpuReps, long(prefill.sets), long(decode.sets), prefill_bytes / 1e6,
+                prefill_ceiling.name.c_str(), decode_ceiling.name.c_str());
     csv.announce();
 
     const Result& last = results[ladder::kVersions - 1];

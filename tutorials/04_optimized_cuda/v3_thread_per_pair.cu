@@ -27,9 +27,11 @@ __global__ void thread_per_pair(const Problem p) {
 
 }  // namespace
 
+//! [launch and check]
 void launch_v3(const Problem& p, const Grid& grid) {
     thread_per_pair<<<unsigned(grid.blocks), grid.threads_per_block>>>(p);
     check_launch("v3 thread_per_pair");
 }
+//! [launch and check]
 
 }  // namespace ladder

@@ -50,8 +50,10 @@ int main() {
     {
         // Phi-2: head_dim 80, partial_rotary_factor 0.4, so rotary_dim = 32.
         rope::RopeConfig config;
+        //! [partial rotary]
         config.head_dim = 80;
         config.rotary_dim = 32;
+        //! [partial rotary]
         const tutorial::Shape shape{.batch = 1, .heads = 4, .seq = 64, .head_dim = 80};
         const std::vector<float> input = tutorial::random_values(size_t(shape.numel()), 61);
         std::vector<float> q = input, no_k;
@@ -99,6 +101,7 @@ int main() {
         std::vector<float> k_steps = token_rows(k_input, 0, prompt, k_row);
         rotate(*backend, llama, q_steps, {.batch = 1, .heads = 32, .seq = prompt, .head_dim = 128}, k_steps,
                {.batch = 1, .heads = 8, .seq = prompt, .head_dim = 128});
+        //! [decode with an offset]
         for (int64_t step = 0; step < generated; ++step) {
             std::vector<float> q_token = token_rows(q_input, prompt + step, 1, q_row);
             std::vector<float> k_token = token_rows(k_input, prompt + step, 1, k_row);
@@ -107,6 +110,7 @@ int main() {
             q_steps.insert(q_steps.end(), q_token.begin(), q_token.end());
             k_steps.insert(k_steps.end(), k_token.begin(), k_token.end());  // The KV cache grows by one rotated key.
         }
+        //! [decode with an offset]
         std::printf("prompt of %ld tokens, then %ld decode steps with Positions::starting_at(%ld + step)\n",
                     long(prompt), long(generated), long(prompt));
         checks.expect(identical(q_steps, q_full) && identical(k_steps, k_full),
@@ -125,8 +129,10 @@ int main() {
         const tutorial::Shape qs{.batch = 2, .heads = 4, .seq = seq, .head_dim = 128};
         const std::vector<float> input = tutorial::random_values(size_t(qs.numel()), 64);
         std::vector<float> padded = input, none;
+        //! [ids per sequence]
         rotate(*backend, llama, padded, qs, none, {.batch = 2, .heads = 0, .seq = seq, .head_dim = 128},
                rope::Positions::per_sequence(ids.data(), 2, seq));
+        //! [ids per sequence]
         // Sequence 1's real tokens, rotated alone without padding, at positions 0..10.
         const int64_t row = 4 * 128;
         std::vector<float> alone(input.begin() + (seq + pads) * row, input.end());
@@ -164,11 +170,13 @@ int main() {
         rope::RopeConfig config;
         config.head_dim = 128;
         config.base = 10000.0;
+        //! [scaling]
         config.scaling.type = type;
         if (type != rope::ScalingType::none) {
             config.scaling.factor = 4.0;
             config.scaling.original_max_position_embeddings = trained;
         }
+        //! [scaling]
         return rope::make_frequency_table(config, length);
     };
     const rope::FrequencyTable plain = table_for(rope::ScalingType::none, target);

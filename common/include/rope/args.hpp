@@ -22,7 +22,8 @@ namespace rope {
 /// in (the table already holds any attention factor). Position ids must lie
 /// in [0, rows): host positions outside are a rope::Error; device ids outside
 /// cannot be checked beforehand, and the CUDA backends then never read outside
-/// the table: they write NaN into that token's rotated features (pass-through
+/// the table: each pair whose position (on its own axis) is outside gets NaN
+/// for cos and sin, so its two rotated features come out NaN (pass-through
 /// features are still copied).
 struct CosSinCache {
     const void* data = nullptr;    ///< Row 0; null means rope computes cos/sin itself (the default).

@@ -205,8 +205,7 @@ struct RopeConfig {
     /// double theta_i, reduces it to [-pi, pi] in double, and only then rounds
     /// to float32 for sin and cos: the error stays at the level of short
     /// positions at any position. See rope::rope_angle_precise. Every built-in
-    /// backend implements it, with the same angle bit for bit; a backend that
-    /// does not is refused by rope::apply() (Backend::supports_precise_angles).
+    /// backend implements it, with the same angle bit for bit.
     bool precise_angles = false;
     /// Several position axes (M-RoPE, axial vision RoPE); the default is one.
     MultiAxis multi_axis{};

@@ -24,6 +24,18 @@ namespace rope {
 struct TokenPositions {
     int64_t axis[kMaxPositionAxes];  ///< Position on axis a, for a < the plan's axes.
 
+    /// @brief The position pair @p pair turns by: its axis's (AngleRule::pair_axis), or with one
+    /// axis the only one, without reading pair_axis (a GPU would serialise a warp's reads of it).
+    /// @tparam Rule AngleRule or the CUDA kernels' copy of it.
+    /// @param rule the call's angle rule.
+    /// @param axes Plan::axes.
+    /// @param pair the pair's index.
+    /// @return the token's position on the pair's axis.
+    template <typename Rule>
+    ROPE_HOST_DEVICE int64_t of_pair(const Rule& rule, int64_t axes, int64_t pair) const {
+        return axes == 1 ? axis[0] : of_axis(rule.pair_axis[pair]);
+    }
+
     /// @brief The position pair i turns by, given its axis (AngleRule::pair_axis).
     ///
     /// A chain of selects rather than axis[index]: on a GPU a register array
@@ -46,6 +58,9 @@ ROPE_HOST_DEVICE inline TokenPositions token_positions(const PositionSource& sou
     TokenPositions positions;
     positions.axis[0] = source.at(b, s, 0);
     const bool own_rows = source.ids != nullptr && axes > 1;  // Else every axis shares row 0.
+#if defined(__CUDA_ARCH__)
+#pragma unroll  // Constant indices keep the array in registers (a GPU cannot index registers).
+#endif
     for (int64_t a = 1; a < kMaxPositionAxes; ++a)
         positions.axis[a] = own_rows && a < axes ? source.at(b, s, a) : positions.axis[0];
     return positions;
@@ -77,7 +92,10 @@ ROPE_HOST_DEVICE inline void rotation_factors(const Rule& rule, int64_t position
             sin_raw = row[rule.table.pairs + pair];
         }
     } else {
-        const float angle = pair_angle(rule.precise, position, rule.inv_freq[pair], rule.inv_freq_low[pair]);
+        // The low part is read only in the precise mode: on a GPU each such read is a
+        // constant-bank access that a warp's different pairs serialise.
+        const float angle = rule.precise ? rope_angle_precise(position, rule.inv_freq[pair], rule.inv_freq_low[pair])
+                                         : rope_angle(position, rule.inv_freq[pair]);
 #if defined(__CUDA_ARCH__)
         // CUDA's accurate sincosf (this project never builds with --use_fast_math:
         // the default angles are not reduced to [-pi, pi], where the fast one is accurate).

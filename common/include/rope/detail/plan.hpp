@@ -73,7 +73,9 @@ struct PositionSource {
     /// @brief Position of token @p s of sequence @p b on axis @p axis.
     /// @param b sequence index (0 for packed tensors).
     /// @param s token index within the sequence (packed: within the pack).
-    /// @param axis position axis (only explicit ids have more than one).
+    /// @param axis position axis, e.g. AngleRule::pair_axis[i] for pair i: only explicit
+    ///        ids have several rows (make_plan checks they have the config's count);
+    ///        the offset and packed forms give every axis the same position (text tokens).
     /// @return the position id.
     ROPE_HOST_DEVICE int64_t at(int64_t b, int64_t s, int64_t axis = 0) const {
         if (ids != nullptr) return ids[axis * axis_stride + b * row_stride + s];

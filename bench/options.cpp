@@ -1,0 +1,210 @@
+// rope-bench's command line (see options.hpp), parsed with CLI11 (Debian: libcli11-dev).
+#include "options.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+
+#include "rope/backend.hpp"
+
+namespace rope_bench {
+namespace {
+
+constexpr const char* kFooter = R"(
+Position forms (each measured against a copy of the same q and k bytes):
+  plain     positions P, ..., P+N-1 of each sequence (the default; P = --position-offset)
+  packed    --layout thd or --packed: the sequences packed into one [tokens, heads, head_dim]
+            tensor with cu_seqlens; --packed 1..8192:32768 draws lengths (fixed seed),
+            --packed 100,3000,28 lists them
+  cp        --cp SIZE,RANK: this rank's shard of every sequence (load-balanced two-chunk split),
+            padded or packed; the global positions
+  mrope     --mrope contiguous|interleaved: [3, N] ids of a text prefix then an image grid
+  axial     --axial S,S[,S]: the coordinates of a patch grid, S pairs per axis
+  table     --table: a [max_position, rotary_dim] float32 cos/sin table built from rope's own
+            frequencies, passed as RopeArgs::cos_sin_cache
+Examples:
+  rope-bench --backend cpu-naive --shape 1,4,64,64 --reps 3
+  rope-bench --backend cuda-optimized --shape 1,32,32768,128 --kv-heads 8 --dtype bf16 --packed 1..8192:32768 --runs 3
+)";
+
+// A comma-separated list of non-negative integers, e.g. "1,32,4096,128".
+std::vector<int64_t> parse_integers(const std::string& text, const std::string& option) {
+    std::vector<int64_t> values;
+    std::size_t begin = 0;
+    while (true) {
+        const std::size_t end = std::min(text.find(',', begin), text.size());
+        int64_t value = -1;
+        const char* first = text.data() + begin;
+        const char* last = text.data() + end;
+        const auto [stop, error] = std::from_chars(first, last, value);
+        if (first == last || error != std::errc() || stop != last || value < 0)
+            throw UsageError(option + ": expected non-negative integers separated by commas, got '" + text + "'");
+        values.push_back(value);
+        if (end == text.size()) return values;
+        begin = end + 1;
+    }
+}
+
+Shape parse_shape(const std::string& text) {
+    const std::vector<int64_t> sizes = parse_integers(text, "--shape");
+    if (sizes.size() != 4) throw UsageError("--shape: expected B,H,N,D (4 integers), got '" + text + "'");
+    return {sizes[0], sizes[1], sizes[2], sizes[3]};
+}
+
+// "MIN..MAX[:TOTAL]" or "L,L,...".
+PackedLengths parse_packed(const std::string& text) {
+    PackedLengths packed;
+    packed.enabled = true;
+    const std::size_t dots = text.find("..");
+    if (dots == std::string::npos) {
+        packed.lengths = parse_integers(text, "--packed");
+        return packed;
+    }
+    const std::size_t colon = text.find(':', dots);
+    const std::string range_end = text.substr(dots + 2, colon == std::string::npos ? std::string::npos : colon - dots - 2);
+    const std::vector<int64_t> low = parse_integers(text.substr(0, dots), "--packed (MIN of MIN..MAX)");
+    const std::vector<int64_t> high = parse_integers(range_end, "--packed (MAX of MIN..MAX)");
+    if (low.size() != 1 || high.size() != 1)
+        throw UsageError("--packed: expected MIN..MAX[:TOTAL] or a list L,L,..., got '" + text + "'");
+    packed.min_length = low[0];
+    packed.max_length = high[0];
+    if (colon != std::string::npos) {
+        const std::vector<int64_t> total = parse_integers(text.substr(colon + 1), "--packed (TOTAL)");
+        if (total.size() != 1 || total[0] < 1) throw UsageError("--packed: TOTAL must be one integer >= 1 in '" + text + "'");
+        packed.total = total[0];
+    }
+    if (packed.min_length < 1 || packed.max_length < packed.min_length)
+        throw UsageError("--packed: need 1 <= MIN <= MAX, got '" + text + "'");
+    return packed;
+}
+
+// A check that a number is at least `least` (CLI11's own NonNegativeNumber
+// prints its range as 0 to the largest double).
+CLI::Validator at_least(int least) {
+    return CLI::Validator(
+        [least](std::string& text) {
+            char* end = nullptr;
+            const double value = std::strtod(text.c_str(), &end);
+            if (end == text.c_str() || value < least) return "must be >= " + std::to_string(least) + ", got " + text;
+            return std::string();
+        },
+        least == 0 ? "NONNEGATIVE" : "POSITIVE");
+}
+
+}  // namespace
+
+Options parse_options(int argc, const char* const* argv) {
+    Options options;
+    std::vector<std::string> backend_names{"all"};
+    for (const rope::BackendInfo& info : rope::list_backends()) backend_names.push_back(info.name);
+
+    CLI::App app{"rope-bench: the median time of a RoPE call, and its bandwidth as a percentage of a copy of the "
+                 "same bytes measured in the same run (the method: bench/main.cpp, bench/timing/timing.hpp)",
+                 "rope-bench"};
+    app.footer(kFooter);
+    app.get_formatter()->column_width(34);
+
+    std::vector<std::string> shape_texts;
+    std::string dtype = "fp32", style = "neox", layout = "bhsd", placement = "in", mrope, cp_text, packed_spec;
+    app.add_option("--backend", options.backends, "backend to run (repeatable; default all)")
+        ->check(CLI::IsMember(backend_names));
+    app.add_option("--shape", shape_texts, "B,H,N,D: batch, q heads, tokens per sequence, head_dim "
+                                           "(repeatable; default 1,32,4096,128)");
+    app.add_option("--kv-heads", options.kv_heads, "k heads (default: as q; 0 rotates q only)")
+        ->check(at_least(0));
+    app.add_option("--dtype", dtype, "storage type: fp32, bf16 or fp16 (default fp32)")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+    app.add_option("--style", style, "pairs: neox (half-split) or gptj (interleaved) (default neox)")
+        ->check(CLI::IsMember({"neox", "gptj"}));
+    CLI::Option* layout_option = app.add_option("--layout", layout, "bhsd, bshd or thd (packed) (default bhsd)")
+                                     ->check(CLI::IsMember({"bhsd", "bshd", "thd"}));
+    app.add_option("--placement", placement, "in: rotate in place (default); out: into separate outputs")
+        ->check(CLI::IsMember({"in", "out"}));
+    app.add_option("--threads", options.threads, "CPU thread counts, e.g. 1,2 (0: OpenMP's default)")
+        ->delimiter(',')
+        ->check(at_least(0));
+    app.add_option("--reps", options.reps, "timed repetitions per run (default: ~1 s on a CPU, 50 on a GPU)")
+        ->check(at_least(0));
+    app.add_option("--runs", options.runs, "whole measurements (call and ceiling) per row: the median ratio "
+                                           "and its spread are reported (default 1)")
+        ->check(at_least(1));
+    app.add_option("--llc-mb", options.llc_mb, "cache (MiB) the rotating sets must span twice (default: detected)")
+        ->check(at_least(0));
+    app.add_flag("--precise", options.precise, "RopeConfig::precise_angles (a backend without it: 'unsupported')");
+    app.add_option("--position-offset", options.position_offset, "position of each sequence's first token (default 0)")
+        ->check(at_least(0));
+    app.add_flag("--graph", options.graph, "CUDA backends: time by replaying a CUDA graph of the calls");
+    app.add_option("--packed", packed_spec, "packed sequences: MIN..MAX[:TOTAL] (drawn, fixed seed) or L,L,...");
+    app.add_option("--cp", cp_text, "SIZE,RANK: context-parallel shard of rank RANK of SIZE");
+    CLI::Option* mrope_option = app.add_option("--mrope", mrope, "M-RoPE sections: contiguous (Qwen2-VL) or "
+                                                                 "interleaved (Qwen3-VL)")
+                                    ->check(CLI::IsMember({"contiguous", "interleaved"}));
+    std::vector<int64_t> sections;
+    app.add_option("--sections", sections, "M-RoPE pairs per axis T,H,W (default [16,24,24] contiguous, "
+                                           "[24,20,20] interleaved, scaled to rotary_dim/2)")
+        ->delimiter(',')
+        ->expected(3)
+        ->check(at_least(1))
+        ->needs(mrope_option);
+    std::vector<int64_t> axial;
+    app.add_option("--axial", axial, "axial RoPE: pairs per axis of a patch grid, e.g. 32,32 or 8,28,28")
+        ->delimiter(',')
+        ->check(at_least(1))
+        ->excludes(mrope_option);
+    app.add_flag("--table", options.table, "rotate with a caller's cos/sin table built from rope's frequencies");
+    app.add_option("--format", options.format, "table, csv or json (default table)")
+        ->check(CLI::IsMember({"table", "csv", "json"}));
+
+    options.usage = app.help();
+    if (argc < 1 || argv == nullptr) throw UsageError("argc = " + std::to_string(argc) + ": argv[0] must be the program's name");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+        options.help = true;
+        return options;
+    } catch (const CLI::CallForAllHelp&) {
+        options.help = true;
+        return options;
+    } catch (const CLI::ParseError& error) {
+        throw UsageError(error.what());
+    }
+
+    // Names the check above accepted, so these conversions cannot fail.
+    options.dtype = rope::parse_dtype(dtype);
+    options.style = rope::parse_style(style);
+    options.layout = rope::parse_layout(layout);
+    options.in_place = placement == "in";
+    if (options.backends.empty() || std::count(options.backends.begin(), options.backends.end(), "all") > 0)
+        options.backends.assign(backend_names.begin() + 1, backend_names.end());
+    for (const std::string& text : shape_texts) options.shapes.push_back(parse_shape(text));
+    if (options.shapes.empty()) options.shapes.push_back(Shape{});
+
+    if (!packed_spec.empty()) {
+        options.packed = parse_packed(packed_spec);
+        if (layout_option->count() == 0) options.layout = rope::Layout::thd;
+    }
+    if (!cp_text.empty()) {
+        const std::vector<int64_t> cp = parse_integers(cp_text, "--cp");
+        if (cp.size() != 2 || cp[0] < 1 || cp[1] >= cp[0])
+            throw UsageError("--cp: expected SIZE,RANK with SIZE >= 1 and 0 <= RANK < SIZE, got '" + cp_text + "'");
+        options.cp_size = cp[0];
+        options.cp_rank = cp[1];
+    }
+    if (!mrope.empty()) {
+        options.multi_axis = mrope == "contiguous" ? rope::AxisAssignment::mrope_contiguous
+                                                   : rope::AxisAssignment::mrope_interleaved;
+        options.sections = sections;
+    }
+    if (!axial.empty()) {
+        if (axial.size() < 2 || int64_t(axial.size()) > rope::kMaxPositionAxes)
+            throw UsageError("--axial: expected 2 to " + std::to_string(rope::kMaxPositionAxes) +
+                             " pairs-per-axis counts, got " + std::to_string(axial.size()));
+        options.multi_axis = rope::AxisAssignment::axial;
+        options.sections = axial;
+    }
+    return options;
+}
+
+}  // namespace rope_bench

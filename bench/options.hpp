@@ -1,0 +1,83 @@
+#pragma once
+/// @file options.hpp
+/// @brief rope-bench's command line: what to measure, parsed from argv into one
+/// struct (with CLI11). Parsing never exits and never touches a device, so a
+/// fuzz target can call parse_options on any argv.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "rope/config.hpp"
+#include "rope/dtype.hpp"
+#include "rope/tensor.hpp"
+
+namespace rope_bench {
+
+/// @brief One --shape B,H,N,D: batch, q heads, tokens per sequence, head_dim.
+/// Packed (thd) tensors hold the batch's B x N tokens as one sequence of packed ones.
+struct Shape {
+    int64_t batch = 1, heads = 32, seq = 4096, head_dim = 128;
+};
+
+/// @brief --packed: the lengths of the sequences packed into one thd tensor.
+///
+/// Either an explicit list (`--packed 100,3000,28`), or lengths drawn
+/// uniformly from [min_length, max_length] with a fixed seed until they reach
+/// `total` tokens, the last one cut to fit (`--packed 1..8192:32768`); total 0
+/// means the shape's batch x seq. Without --packed, a thd layout packs the
+/// shape's batch of equal sequences.
+struct PackedLengths {
+    bool enabled = false;           ///< --packed was given.
+    std::vector<int64_t> lengths;   ///< The explicit list (empty: drawn).
+    int64_t min_length = 0;         ///< Drawn: shortest length, >= 1.
+    int64_t max_length = 0;         ///< Drawn: longest length, >= min_length.
+    int64_t total = 0;              ///< Drawn: tokens in all (0: batch x seq of the shape).
+};
+
+/// @brief Everything the command line says.
+struct Options {
+    std::vector<std::string> backends;  ///< Registered names; "all" expanded (default: all).
+    std::vector<Shape> shapes;          ///< Default: one Shape{}.
+    int64_t kv_heads = -1;              ///< k heads; -1: as many as q; 0: rotate q only.
+    rope::DType dtype = rope::DType::f32;
+    rope::Style style = rope::Style::half_split;
+    rope::Layout layout = rope::Layout::bhsd;  ///< thd when --packed is given without --layout.
+    bool in_place = true;               ///< --placement in (true) or out.
+    std::vector<int> threads{0};        ///< CPU thread counts; 0: OpenMP's default.
+    int reps = 0;                       ///< Timed repetitions per run; 0: chosen per device.
+    int runs = 1;                       ///< Whole measurements (call and ceiling) per row.
+    double llc_mb = 0.0;                ///< Cache the sets must span twice; 0: detected.
+    bool precise = false;               ///< RopeConfig::precise_angles.
+    int64_t position_offset = 0;        ///< Position of each sequence's first token.
+    bool graph = false;                 ///< GPU: time by CUDA graph replay.
+    // The position forms (each measured against the copy of the same tensor bytes).
+    PackedLengths packed;               ///< --packed.
+    int64_t cp_size = 1;                ///< --cp SIZE,RANK: context-parallel ranks (1: no split).
+    int64_t cp_rank = 0;                ///< --cp SIZE,RANK: this rank.
+    /// --mrope (mrope_contiguous, mrope_interleaved) or --axial (axial); single otherwise.
+    rope::AxisAssignment multi_axis = rope::AxisAssignment::single;
+    /// Pairs per axis: --axial's list, or --sections (M-RoPE); empty: --mrope's
+    /// default (Qwen2-VL's [16,24,24] or Qwen3-VL's [24,20,20] scaled to rotary_dim/2).
+    std::vector<int64_t> sections;
+    bool table = false;                 ///< --table: a caller's cos/sin table (RopeArgs::cos_sin_cache).
+    std::string format = "table";       ///< table, csv or json.
+    bool help = false;                  ///< --help: print usage and do nothing else.
+    std::string usage;                  ///< The help text (always filled).
+};
+
+/// @brief A command line that cannot be understood; what() says which option and why.
+class UsageError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// @brief Parses rope-bench's command line.
+/// @param argc number of entries of @p argv, >= 1 (argv[0] is the program's name, not read).
+/// @param argv the arguments, each a non-null NUL-terminated string.
+/// @return the options; with --help, `help` is set and nothing else is checked.
+/// @throws UsageError for anything it cannot accept (and nothing else).
+Options parse_options(int argc, const char* const* argv);
+
+}  // namespace rope_bench

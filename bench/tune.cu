@@ -1,0 +1,199 @@
+// rope-tune: times cuda-optimized's kernel under launch settings other than
+// the backend's defaults, beside the backend itself and a copy of the same
+// bytes, on the benchmark shapes. It is how the defaults in
+// cuda/optimized/backend.cu and unit_kernel.cuh were chosen; it is not a test.
+//
+//   rope-tune [--quick]        prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy
+//
+// The timing is rope-bench's (bench/timing/: one timer for the project):
+// CUDA events around batches of calls rotating through enough q/k sets to
+// exceed twice the L2 (graph replay for the small shapes), medians of
+// repetitions, and the ratio to the fastest copy of the same bytes measured
+// in the same run.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_timing.hpp"
+#include "rope/detail/plan.hpp"
+#include "rope/rope.hpp"
+#include "row_access.cuh"
+#include "unit_kernel.cuh"
+
+namespace {
+
+using namespace rope;
+using namespace rope::cuda_detail;
+
+struct Case {
+    const char* name;
+    int64_t batch, q_heads, k_heads, seq, head_dim;
+    Layout layout;
+    bool in_place;
+    bool small;  // Graph replay (latency-bound).
+};
+
+// The shapes of the goals (issue 15), in place and out of place, bhsd and bshd.
+const Case kCases[] = {
+    {"8x32x4096x128", 8, 32, 32, 4096, 128, Layout::bhsd, true, false},
+    {"8x32x4096x128", 8, 32, 32, 4096, 128, Layout::bshd, true, false},
+    {"8x32x4096x128", 8, 32, 32, 4096, 128, Layout::bhsd, false, false},
+    {"4x32x2048x128", 4, 32, 32, 2048, 128, Layout::bhsd, true, false},
+    {"llama3-8b-prefill", 1, 32, 8, 4096, 128, Layout::bshd, true, false},
+    {"4x8x256x64", 4, 8, 8, 256, 64, Layout::bhsd, true, true},
+    {"decode-1x32x1x128", 1, 32, 32, 1, 128, Layout::bhsd, true, true},
+};
+
+// The compiled variants of the kernel: how accesses are issued, rows loaded
+// before the first is used, whether the next batch is loaded while the current
+// one is computed, and a register cap (blocks of 256 threads per SM).
+template <typename Access, int RowsInFlight, bool Pipelined, int MinBlocksPerSM>
+struct Variant {
+    using AccessType = Access;
+    static constexpr int kRowsInFlight = RowsInFlight;
+    static constexpr bool kPipelined = Pipelined;
+    static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
+};
+
+std::array<int64_t, 4> shape_of(const Case& c, int64_t heads) {
+    return c.layout == Layout::bhsd ? std::array<int64_t, 4>{c.batch, heads, c.seq, c.head_dim}
+                                    : std::array<int64_t, 4>{c.batch, c.seq, heads, c.head_dim};
+}
+
+struct Measured {
+    std::string variant;
+    double us;
+};
+
+void run_case(const Case& c, DType dtype, Style style, bool quick) {
+    const int64_t element = dtype_size(dtype);
+    const size_t q_bytes = size_t(c.batch * c.q_heads * c.seq * c.head_dim * element);
+    const size_t k_bytes = size_t(c.batch * c.k_heads * c.seq * c.head_dim * element);
+    // Sets of q then k, in one allocation, enough of them to exceed twice the L2:
+    // every call reads from memory (rope-bench's layout, so its copy ceiling applies).
+    rope_bench::DeviceSets sets;
+    sets.set_bytes = q_bytes + k_bytes;
+    sets.stride = rope_bench::set_stride(sets.set_bytes);
+    sets.sets = rope_bench::sets_spanning_twice(sets.set_bytes, rope_bench::cuda_l2_bytes());
+    Buffer source(Device::cuda, sets.stride * size_t(sets.sets));
+    Buffer destination(Device::cuda, sets.stride * size_t(sets.sets));
+    sets.source = source.data();
+    sets.destination = destination.data();
+    {
+        std::mt19937_64 rng(7);
+        std::vector<uint16_t> host(source.bytes() / 2);
+        // Random non-zero values: bf16/fp16 halves, or the two halves of a float.
+        for (uint16_t& bits : host) bits = uint16_t(0x3c00 | (rng() & 0x3ff)) ^ uint16_t(rng() & 0x8000);
+        source.copy_from_host(host.data());
+    }
+    rope_bench::CudaStream stream;
+    RopeConfig config;
+    config.head_dim = c.head_dim;
+    config.style = style;
+    std::vector<Plan> plans;
+    for (int64_t s = 0; s < sets.sets; ++s) {
+        auto view = [&](Buffer& buffer, size_t offset, int64_t heads) {
+            return TensorView::contiguous(static_cast<uint8_t*>(buffer.data()) + size_t(s) * sets.stride + offset, dtype,
+                                          Device::cuda, c.layout, shape_of(c, heads));
+        };
+        RopeArgs args = c.in_place ? RopeArgs::in_place(view(source, 0, c.q_heads), view(source, q_bytes, c.k_heads))
+                                   : RopeArgs::out_of_place(view(source, 0, c.q_heads), view(source, q_bytes, c.k_heads),
+                                                            view(destination, 0, c.q_heads),
+                                                            view(destination, q_bytes, c.k_heads));
+        args.stream = stream.get();
+        plans.push_back(make_plan(config, args, Device::cuda));
+    }
+
+    const int reps = quick ? 5 : 9;
+    const rope_bench::GpuClock clock = c.small ? rope_bench::GpuClock::graph : rope_bench::GpuClock::events;
+    auto time = [&](const rope_bench::Launch& launch) {
+        return rope_bench::cuda_call_us(launch, clock, reps, sets.sets, stream.get());
+    };
+    // The ceiling: the fastest copy of the same bytes (timing.hpp says which candidates).
+    const double copy_us = rope_bench::cuda_copy_ceiling(sets, reps).us;
+
+    std::vector<Measured> results;
+    auto backend = make_backend("cuda-optimized");
+    results.push_back({"backend-default", time([&](int64_t call) { backend->run(plans[size_t(call % sets.sets)]); })});
+    const DeviceInfo device = device_info(0);
+    dispatch_dtype(dtype, [&](auto storage) {
+        using Storage = decltype(storage);
+        if constexpr (!std::is_same_v<Storage, float16>) {
+            auto variants = [&]<Style kStyle>() {
+                auto sweep = [&]<typename V>(const char* access_name) {
+                    using Path = VectorPath<Storage, kStyle, typename V::AccessType>;
+                    std::vector<LaunchSettings> sweep_settings;
+                    for (int threads : {64, 128, 256})
+                        for (int64_t rows : {1, 2, 4, 8, 16, 32}) {
+                            LaunchSettings settings;
+                            settings.block_threads = settings.small_block_threads = threads;
+                            settings.rows_per_slice = settings.small_rows_per_slice = rows;
+                            // Small shapes: few rows per thread; large: enough rows to share sincosf.
+                            const bool wanted = c.small ? (threads != 256 && rows <= 4) : (threads != 64 && rows >= 4);
+                            if (wanted && (!quick || rows == (c.small ? 2 : 16))) sweep_settings.push_back(settings);
+                        }
+                    for (const LaunchSettings& settings : sweep_settings) {
+                        const double us = time([&](int64_t call) {
+                            launch_units<Storage, Path, V::kRowsInFlight, V::kPipelined, V::kMinBlocksPerSM, 64>(
+                                plans[size_t(call % sets.sets)], device, settings);
+                        });
+                        char name[128];
+                        std::snprintf(name, sizeof name, "%s-rif%d-%s-minblocks%d-threads%d-rows%" PRId64, access_name,
+                                      V::kRowsInFlight, V::kPipelined ? "pipelined" : "batched", V::kMinBlocksPerSM,
+                                      settings.block_threads, settings.rows_per_slice);
+                        results.push_back({name, us});
+                    }
+                };
+                sweep.template operator()<Variant<StreamingAccess, 2, true, 1>>("streaming");
+                sweep.template operator()<Variant<StreamingAccess, 2, true, 2>>("streaming");
+                sweep.template operator()<Variant<StreamingAccess, 4, false, 1>>("streaming");
+                sweep.template operator()<Variant<StreamingAccess, 2, false, 1>>("streaming");
+                sweep.template operator()<Variant<DefaultAccess, 2, true, 1>>("default");
+                sweep.template operator()<Variant<DefaultAccess, 4, false, 1>>("default");
+            };
+            if (style == Style::half_split) variants.template operator()<Style::half_split>();
+            else variants.template operator()<Style::interleaved>();
+        }
+    });
+    std::sort(results.begin() + 1, results.end(), [](const Measured& a, const Measured& b) { return a.us < b.us; });
+    for (const Measured& m : results)
+        std::printf("TUNE,%s,%s,%s,%s,%s,%s,%.3f,%.3f,%.2f\n", c.name, std::string(layout_name(c.layout)).c_str(),
+                    std::string(dtype_name(dtype)).c_str(), std::string(style_name(style)).c_str(),
+                    c.in_place ? "in" : "out", m.variant.c_str(), copy_us, m.us, 100.0 * copy_us / m.us);
+    std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    const std::string reason = cuda_unavailable_reason();
+    if (!reason.empty()) {
+        std::printf("rope-tune: skipped: %s\n", reason.c_str());
+        return 77;
+    }
+    try {
+        std::printf("# rope-tune on %s\n", rope_bench::cuda_device_name());
+        std::printf("TUNE,case,layout,dtype,style,placement,variant,copy_us,us,pct_of_copy\n");
+        for (const Case& c : kCases)
+            for (DType dtype : {DType::f32, DType::bf16})
+                for (Style style : {Style::half_split, Style::interleaved}) {
+                    // Interleaved rows have the half-split access pattern (vector_layout.hpp):
+                    // one case of them suffices. The Llama shape's goal is bf16.
+                    if (style == Style::interleaved && (c.layout != Layout::bhsd || !c.in_place || c.small)) continue;
+                    if (std::string(c.name) == "llama3-8b-prefill" && dtype != DType::bf16) continue;
+                    run_case(c, dtype, style, quick);
+                }
+    } catch (const std::exception& error) {
+        std::printf("rope-tune: error: %s\n", error.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,402 @@
+#pragma once
+/// @file unit_kernel.cuh
+/// @brief cuda-optimized's kernel and its launch (internal to the CUDA backends).
+///
+/// RoPE does a handful of flops per element against 4 to 16 bytes of traffic
+/// (read once, written once), so its ceiling is a device-to-device copy of the
+/// same bytes. Reaching it takes four things, and small calls a fifth, each
+/// marked below:
+///
+///  1. Wide, coalesced accesses. A thread moves its *chunk* of a row, two
+///     16-byte vectors (vector_layout.hpp, row_access.cuh), and neighbouring
+///     threads take neighbouring chunks, so a warp reads whole 32-byte
+///     sectors with a quarter of the instructions 4-byte accesses would need.
+///  2. cos/sin computed once per thread, reused across heads. A thread owns
+///     fixed pairs of one token; it computes their cos/sin once (accurate
+///     sincosf, kept in registers) and applies them to every head row of q
+///     and then of k in its *unit* (one token, a slice of its rows), so the
+///     trigonometry costs a fraction of a per-element version (cuda-naive,
+///     chapter 4's v4). Whatever the positions are (offset, ids, packed
+///     sequences, several axes, a caller's table), they are read here, once
+///     per thread, through the shared token_positions and rotation_factors.
+///  3. Bytes in flight. DRAM answers after about a microsecond; to keep the
+///     memory busy each SM needs tens of kilobytes requested at once. A thread
+///     loads a batch of rows before it uses the first; with a software
+///     pipeline it issues the next batch's loads before it computes the
+///     current one; and it issues its first loads before computing sincosf.
+///  4. A grid shaped for both regimes. Long sequences: many short-lived
+///     blocks, several waves over all SMs, so the tail is short. Decode (one
+///     token, many heads): the heads are split over many small blocks, so the
+///     few kilobytes are fetched by many SMs at once and no thread idles.
+///  5. A prologue that overlaps the previous kernel (programmatic dependent
+///     launch, Hopper). With it, the grid starts before the previous kernel in
+///     the stream has finished; everything that needs no memory (the indices,
+///     and cos/sin when positions are an offset) runs then, and only the
+///     memory traffic waits for the previous kernel (PreviousGrid).
+///
+/// Indices are int64 throughout: q tensors beyond 2^31 elements are routine
+/// at long context, and 32-bit index overflow is a bug that shipped in
+/// several public RoPE kernels.
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "check.hpp"
+#include "fast_divisor.cuh"
+#include "kernel_args.cuh"
+#include "rope/detail/pair_step.hpp"
+#include "row_access.cuh"
+
+namespace rope::cuda_detail {
+
+/// Largest block the kernel is compiled for (its __launch_bounds__).
+inline constexpr int kMaxBlockThreads = 256;
+
+/// Thread slots of one SM on every GPU since Volta.
+inline constexpr int64_t kThreadSlotsPerSM = 2048;
+
+/// @brief The launch shape (4. above). The defaults are the backend's; the tuning
+/// sweep (bench/tune.cu) times others against them.
+struct LaunchSettings {
+    /// Threads per block when the work fills the GPU (at most kMaxBlockThreads).
+    int block_threads = 128;
+    /// Threads per block below one wave of work: small blocks spread a small problem over more SMs.
+    int small_block_threads = 128;
+    /// Rows a thread visits per token when the work fills the GPU: more rows share
+    /// each sincosf and each unit's index arithmetic, fewer make more, shorter
+    /// threads. The backend sets 8 for fp32 and 16 for the 2-byte types (rope-tune).
+    int64_t rows_per_slice = 16;
+    /// Rows per thread below one wave of work: with the prologue overlapping the
+    /// previous kernel (5. above), a second row costs less than more threads.
+    int64_t small_rows_per_slice = 2;
+};
+
+/// @brief Everything the kernel needs, passed by value (kernel_args.cuh says why).
+///
+/// Work decomposition: the head rows of a token (q's heads, then k's) are cut
+/// into `slices` of `rows_per_slice` consecutive rows; a *unit* is one
+/// (token, slice). Threads with the same threadIdx.y share a unit, and
+/// threadIdx.x picks the chunk of the row: rotating chunks first, then
+/// pass-through chunks. Units are numbered slice-major (consecutive units are
+/// consecutive tokens of one slice): a block's threads then take neighbouring
+/// tokens of the same heads, adjacent rows in [b, h, s, d] memory.
+template <int Capacity>
+struct UnitArgs {
+    Operand operands[2];       ///< [0] = q, [1] = k (k may have no heads).
+    PositionSource positions;  ///< Offset, ids or packed sequences; perhaps a context-parallel shard.
+    AngleArgs<Capacity> angles;  ///< theta_i, pair axes, scales, or a caller's table.
+    int64_t axes;              ///< Position axes per token.
+    bool positions_in_memory;  ///< Ids, cu_seqlens or a table: read only after the previous kernel.
+    int64_t seq;
+    int64_t tokens;            ///< batch * seq.
+    int64_t rotary_dim;
+    int64_t q_heads;           ///< Rows [0, q_heads) of a token are q's heads, the rest k's.
+    int64_t rows;              ///< q heads + k heads.
+    int64_t rotary_chunks;     ///< Chunks of a row that rotate.
+    int64_t chunks;            ///< Rotating plus pass-through chunks (none when nothing needs copying).
+    int64_t rows_per_slice;
+    int64_t units;             ///< tokens * slices.
+    FastDivisor by_seq;        ///< token -> (b, s).
+    FastDivisor by_tokens;     ///< unit -> (slice, token).
+};
+
+/// @brief Where the rows of one token start, in q and k, input and output: computed
+/// once per unit, so that a row's address is one multiply-add away.
+template <typename Storage>
+struct TokenRows {
+    const Storage* q_in;
+    Storage* q_out;
+    const Storage* k_in;
+    Storage* k_out;
+};
+
+/// Head 0 of token (b, s), in every tensor.
+template <typename Storage, int Capacity>
+__device__ inline TokenRows<Storage> token_rows(const UnitArgs<Capacity>& args, int64_t b, int64_t s) {
+    const Operand& q = args.operands[0];
+    const Operand& k = args.operands[1];
+    return {static_cast<const Storage*>(q.in) + q.in_geometry.offset(b, 0, s, 0),
+            static_cast<Storage*>(q.out) + q.out_geometry.offset(b, 0, s, 0),
+            static_cast<const Storage*>(k.in) + k.in_geometry.offset(b, 0, s, 0),
+            static_cast<Storage*>(k.out) + k.out_geometry.offset(b, 0, s, 0)};
+}
+
+/// Input and output of row @p row of a token: q's head `row`, or k's head `row - q_heads`.
+///
+/// Written with selects on fixed fields (not operands[row >= q_heads]) so the
+/// compiler reads every stride straight from the constant bank.
+template <typename Storage, int Capacity>
+__device__ inline RowRef<Storage> locate_row(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token,
+                                             int64_t row) {
+    const Geometry& q_in = args.operands[0].in_geometry;
+    const Geometry& q_out = args.operands[0].out_geometry;
+    const Geometry& k_in = args.operands[1].in_geometry;
+    const Geometry& k_out = args.operands[1].out_geometry;
+    if (row < args.q_heads)
+        return {token.q_in + row * q_in.stride_head, token.q_out + row * q_out.stride_head, q_in.stride_dim,
+                q_out.stride_dim};
+    const int64_t h = row - args.q_heads;
+    return {token.k_in + h * k_in.stride_head, token.k_out + h * k_out.stride_head, k_in.stride_dim, k_out.stride_dim};
+}
+
+/// True when row @p row's operand is rotated in place (its pass-through needs no copy).
+template <int Capacity>
+__device__ inline bool in_place(const UnitArgs<Capacity>& args, int64_t row) {
+    const Operand& operand = row < args.q_heads ? args.operands[0] : args.operands[1];
+    return operand.in == operand.out;
+}
+
+/// @brief Waits, once per thread, until the previous kernel in the stream has
+/// finished and its writes are visible (programmatic dependent launch, 5. above).
+///
+/// Every global memory access of the kernel comes after a call to this; what
+/// comes before (index arithmetic, cos/sin of offset positions) overlaps the
+/// previous kernel's tail. Without programmatic launch the wait returns at once.
+struct PreviousGrid {
+    bool done = false;
+    /// Waits if this thread has not yet.
+    __device__ void wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (!done) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+        done = true;
+    }
+};
+
+/// Rotates chunk @p chunk of rows [row_begin, row_end) of token (b, s).
+///
+/// Batches of RowsInFlight rows, loaded together before any is used. With
+/// Pipelined, a software pipeline: the loads of the next batch are issued
+/// before the current batch is rotated and stored, so memory requests stay in
+/// flight while the thread computes (3. above). Safe in place too: a batch's
+/// stores touch only its own rows.
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int Capacity>
+__device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token, int64_t b,
+                                   int64_t s, int64_t row_begin, int64_t row_end, int64_t chunk,
+                                   PreviousGrid& previous) {
+    typename Path::Chunk current[RowsInFlight], next[RowsInFlight];
+    // Row addresses are recomputed at the store (one multiply-add) rather than
+    // kept: registers, not arithmetic, limit how many threads fit on an SM.
+    auto load_batch = [&](typename Path::Chunk (&batch)[RowsInFlight], int64_t first) {
+#pragma unroll
+        for (int u = 0; u < RowsInFlight; ++u)
+            if (first + u < row_end) batch[u] = Path::load(locate_row(args, token, first + u), chunk, args.rotary_dim);
+    };
+    // cos/sin of this thread's pairs at this token, computed once and reused
+    // for every row below (2. above). Positions given as an offset need no
+    // memory: compute them before waiting for the previous kernel (5. above).
+    // Positions in memory, written perhaps by that very kernel: wait, issue
+    // the first loads, and compute while they are in flight.
+    float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
+    auto compute_factors = [&] {
+        const TokenPositions positions = token_positions(args.positions, args.axes, b, s);
+#pragma unroll
+        for (int p = 0; p < Path::kPairs; ++p) {
+            const int64_t pair = Path::pair_of(chunk, p, args.rotary_dim);
+            rotation_factors(args.angles, positions.of_pair(args.angles, args.axes, pair), pair, cos_angle[p],
+                             sin_angle[p]);
+        }
+    };
+    if (!args.positions_in_memory) {
+        compute_factors();
+        previous.wait();
+        load_batch(current, row_begin);
+    } else {
+        previous.wait();
+        load_batch(current, row_begin);
+        compute_factors();
+    }
+
+    for (int64_t first = row_begin;; first += RowsInFlight) {
+        const bool more = first + RowsInFlight < row_end;
+        if (Pipelined && more) load_batch(next, first + RowsInFlight);  // In flight while this batch is computed.
+#pragma unroll
+        for (int u = 0; u < RowsInFlight; ++u) {
+            if (first + u < row_end) {
+                Path::rotate(current[u], cos_angle, sin_angle);
+                Path::store(locate_row(args, token, first + u), chunk, args.rotary_dim, current[u]);
+            }
+        }
+        if (!more) break;
+        if constexpr (Pipelined) {
+#pragma unroll
+            for (int u = 0; u < RowsInFlight; ++u) current[u] = next[u];
+        } else {
+            load_batch(current, first + RowsInFlight);
+        }
+    }
+}
+
+/// Copies pass-through chunk @p pass_chunk of rows [row_begin, row_end) of a token,
+/// skipping rows rotated in place (their pass-through features already are where they belong).
+template <typename Storage, typename Path, int RowsInFlight, int Capacity>
+__device__ inline void copy_rows(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token, int64_t row_begin,
+                                 int64_t row_end, int64_t pass_chunk, PreviousGrid& previous) {
+    const int64_t feature = args.rotary_dim + pass_chunk * Path::kPassWidth;
+    previous.wait();
+    for (int64_t first = row_begin; first < row_end; first += RowsInFlight) {
+        typename Path::Pass data[RowsInFlight];
+        bool copy[RowsInFlight];
+#pragma unroll
+        for (int u = 0; u < RowsInFlight; ++u) {
+            copy[u] = first + u < row_end && !in_place(args, first + u);
+            if (copy[u]) data[u] = Path::load_pass(locate_row(args, token, first + u), feature);
+        }
+#pragma unroll
+        for (int u = 0; u < RowsInFlight; ++u)
+            if (copy[u]) Path::store_pass(locate_row(args, token, first + u), feature, data[u]);
+    }
+}
+
+/// @brief The kernel: block (chunks, units); each thread one chunk of one unit's rows.
+///
+/// __launch_bounds__ promises the compiler that no block exceeds
+/// kMaxBlockThreads and, with MinBlocksPerSM > 1, asks it to fit that many
+/// such blocks per SM, capping registers. Fewer registers mean more resident
+/// threads, hence more bytes in flight, as long as nothing spills.
+/// __grid_constant__ lets device functions take references into the
+/// parameters without a per-thread copy to local memory.
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity>
+__global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
+    rope_unit_kernel(const __grid_constant__ UnitArgs<Capacity> args) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Programmatic dependent launch (5. above): let the next kernel in the
+    // stream start its own prologue while this one runs.
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    PreviousGrid previous;  // Waited for before the first global memory access.
+    const int64_t step = int64_t(gridDim.x) * blockDim.y;
+    for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
+        const int64_t slice = args.by_tokens.divide(unit);
+        const int64_t token = unit - slice * args.tokens;
+        const int64_t b = args.by_seq.divide(token);
+        const int64_t s = token - b * args.seq;
+        const int64_t row_begin = slice * args.rows_per_slice;
+        const int64_t row_end = min(row_begin + args.rows_per_slice, args.rows);
+        const TokenRows<Storage> rows = token_rows<Storage>(args, b, s);
+        for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
+            if (chunk < args.rotary_chunks)
+                rotate_rows<Storage, Path, RowsInFlight, Pipelined>(args, rows, b, s, row_begin, row_end, chunk, previous);
+            else
+                copy_rows<Storage, Path, RowsInFlight>(args, rows, row_begin, row_end, chunk - args.rotary_chunks,
+                                                       previous);
+        }
+    }
+}
+
+/// True when @p address is a multiple of 16 bytes.
+inline bool aligned16(const void* address) { return reinterpret_cast<uintptr_t>(address) % 16 == 0; }
+
+/// True when every row of @p g starting at @p data is contiguous and 16-byte aligned.
+template <typename Storage>
+bool rows_vectorizable(const void* data, const Geometry& g) {
+    if (g.stride_dim != 1 || !aligned16(data)) return false;
+    // A stride matters only along an axis with more than one index.
+    const int64_t axes[3][2] = {{g.batch, g.stride_batch}, {g.heads, g.stride_head}, {g.seq, g.stride_seq}};
+    for (const auto& axis : axes)
+        if (axis[0] > 1 && (axis[1] * int64_t(sizeof(Storage))) % 16 != 0) return false;
+    return true;
+}
+
+/// @brief Whether the 16-byte path can run @p plan (otherwise the generic path does).
+template <typename Storage>
+bool vector_path_fits(const Plan& plan) {
+    if (!splits_into_vectors(plan.rotary_dim, plan.head_dim, vector_width<Storage>())) return false;
+    for (const Operand* operand : {&plan.q, &plan.k}) {
+        if (operand->in_geometry.heads == 0) continue;
+        if (!rows_vectorizable<Storage>(operand->in, operand->in_geometry)) return false;
+        if (!rows_vectorizable<Storage>(operand->out, operand->out_geometry)) return false;
+    }
+    return true;
+}
+
+/// @brief What the launch needs to know about the current device.
+struct DeviceInfo {
+    int multiprocessors = 0;           ///< SMs (132 on an H200).
+    bool programmatic_launch = false;  ///< Compute capability >= 9.0: programmatic dependent launch.
+};
+
+/// @brief Reads DeviceInfo for CUDA device @p device (attribute queries only: no synchronisation).
+inline DeviceInfo device_info(int device) {
+    DeviceInfo info;
+    check_cuda(cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+    int major = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+               "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
+    info.programmatic_launch = major >= 9;
+    return info;
+}
+
+/// @brief Chunks per row for @p Path: rotating ones, plus pass-through ones when an operand
+/// has a separate output (in place, those features already are where they belong).
+template <typename Path>
+int64_t chunks_per_row(const Plan& plan) {
+    const bool copy_needed = (plan.q.in_geometry.heads > 0 && plan.q.in != plan.q.out) ||
+                             (plan.k.in_geometry.heads > 0 && plan.k.in != plan.k.out);
+    return plan.pairs / Path::kPairs + (copy_needed ? (plan.head_dim - plan.rotary_dim) / Path::kPassWidth : 0);
+}
+
+/// @brief The bandwidth regime (4. above): one row per thread would already fill every
+/// thread slot of the GPU. Else the latency regime.
+inline bool bandwidth_regime(const Plan& plan, int64_t chunks, const DeviceInfo& device,
+                             const LaunchSettings& settings) {
+    const int64_t block_x = std::min<int64_t>(chunks, settings.block_threads);
+    const int64_t rows = plan.q.in_geometry.heads + plan.k.in_geometry.heads;
+    return plan.batch * plan.seq * rows * block_x >= int64_t(device.multiprocessors) * kThreadSlotsPerSM;
+}
+
+/// @brief Builds the kernel arguments and grid for @p plan and launches on plan.stream.
+/// @tparam Path VectorPath or GenericPath, for the plan's storage and style.
+/// @tparam RowsInFlight rows a thread loads before it uses the first (3. above).
+/// @tparam Pipelined whether the next batch's loads are issued before this batch is computed.
+/// @tparam MinBlocksPerSM blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
+/// @tparam Capacity pairs the angle arguments hold (>= plan.pairs).
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity>
+void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettings& settings) {
+    UnitArgs<Capacity> args{};
+    args.operands[0] = plan.q;
+    args.operands[1] = plan.k;
+    args.positions = plan.positions;
+    args.angles = make_angle_args<Capacity>(plan);
+    args.axes = plan.axes;
+    args.positions_in_memory = plan.positions.ids != nullptr || plan.positions.cu_seqlens != nullptr ||
+                               plan.angles.table.data != nullptr;
+    args.seq = plan.seq;
+    args.tokens = plan.batch * plan.seq;
+    args.rotary_dim = plan.rotary_dim;
+    args.q_heads = plan.q.in_geometry.heads;
+    args.rows = plan.q.in_geometry.heads + plan.k.in_geometry.heads;
+    args.rotary_chunks = plan.pairs / Path::kPairs;
+    args.chunks = chunks_per_row<Path>(plan);
+    if (args.tokens == 0 || args.rows == 0) return;
+
+    // Grid shape (4. above): block_x threads cover a row's chunks.
+    const int64_t block_x = std::min<int64_t>(args.chunks, settings.block_threads);
+    const bool bandwidth = bandwidth_regime(plan, args.chunks, device, settings);
+    args.rows_per_slice = std::min(bandwidth ? settings.rows_per_slice : settings.small_rows_per_slice, args.rows);
+    const int64_t slices = (args.rows + args.rows_per_slice - 1) / args.rows_per_slice;
+    args.units = args.tokens * slices;
+    const int threads = bandwidth ? settings.block_threads : settings.small_block_threads;
+    const int64_t block_y = std::max<int64_t>(1, threads / block_x);
+    const int64_t blocks = (args.units + block_y - 1) / block_y;
+    args.by_seq = FastDivisor(args.seq);
+    args.by_tokens = FastDivisor(args.tokens);
+
+    cudaLaunchConfig_t config =
+        launch_config(dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX))),  // The unit loop covers the rest.
+                      dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y)), stream_of(plan));
+    // See the kernel's griddepcontrol: the launch may overlap the previous kernel's tail.
+    cudaLaunchAttribute programmatic{};
+    programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    programmatic.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &programmatic;
+    config.numAttrs = device.programmatic_launch ? 1 : 0;
+    launch_kernel("rope_unit_kernel", config,
+                  rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, Capacity>, args);
+}
+
+}  // namespace rope::cuda_detail

@@ -1,0 +1,135 @@
+// The CUDA runtime calls behind cuda_helpers.hpp. With CUDA, each call's
+// status is checked and a failure becomes a rope::Error carrying CUDA's text;
+// without CUDA every helper throws.
+#include "cuda_helpers.hpp"
+
+#include <vector>
+
+#include "rope/error.hpp"
+
+#if ROPE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace testing::cuda {
+
+#if ROPE_HAVE_CUDA
+
+namespace {
+
+void check(cudaError_t status, const char* call) {
+    if (status != cudaSuccess) rope::fail(call, cudaGetErrorName(status), cudaGetErrorString(status));
+}
+
+cudaStream_t stream_of(const Stream& stream) { return static_cast<cudaStream_t>(stream.handle()); }
+
+}  // namespace
+
+Stream::Stream() {
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    handle_ = stream;
+}
+
+Stream::~Stream() { cudaStreamDestroy(static_cast<cudaStream_t>(handle_)); }
+
+void Stream::synchronize() const { check(cudaStreamSynchronize(stream_of(*this)), "cudaStreamSynchronize"); }
+
+Graph::Graph(const Stream& stream, const std::function<void()>& enqueue) {
+    check(cudaStreamBeginCapture(stream_of(stream), cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    cudaGraph_t graph = nullptr;
+    try {
+        enqueue();
+    } catch (...) {
+        // Leave the stream out of capture mode, and the thread without an error, before reporting.
+        cudaStreamEndCapture(stream_of(stream), &graph);
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        throw;
+    }
+    check(cudaStreamEndCapture(stream_of(stream), &graph),
+          "cudaStreamEndCapture (a call made during capture could not be captured)");
+    graph_ = graph;
+    std::size_t count = 0;
+    check(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
+    std::vector<cudaGraphNode_t> nodes(count);
+    if (count > 0) check(cudaGraphGetNodes(graph, nodes.data(), &count), "cudaGraphGetNodes");
+    nodes_ = count;
+    for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType type{};
+        check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
+        if (type == cudaGraphNodeTypeKernel) ++kernel_nodes_;
+    }
+    cudaGraphExec_t executable = nullptr;
+    check(cudaGraphInstantiate(&executable, graph, 0), "cudaGraphInstantiate");
+    executable_ = executable;
+}
+
+Graph::~Graph() {
+    if (executable_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(executable_));
+    if (graph_ != nullptr) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+
+void Graph::launch(const Stream& stream) const {
+    check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(executable_), stream_of(stream)), "cudaGraphLaunch");
+}
+
+PinnedHostMemory::PinnedHostMemory(std::size_t bytes) { check(cudaMallocHost(&data_, bytes), "cudaMallocHost"); }
+
+PinnedHostMemory::~PinnedHostMemory() { cudaFreeHost(data_); }
+
+DeviceScope::DeviceScope(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+DeviceScope::~DeviceScope() { cudaSetDevice(previous_); }
+
+int current_device() {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    return device;
+}
+
+std::size_t free_device_memory() {
+    std::size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return free;
+}
+
+bool fail_an_allocation() {
+    void* memory = nullptr;
+    const cudaError_t status = cudaMalloc(&memory, std::size_t(1) << 50);
+    if (status == cudaSuccess) cudaFree(memory);
+    return status != cudaSuccess;
+}
+
+std::string pending_error() { return cudaGetErrorName(cudaPeekAtLastError()); }
+
+void clear_error() { cudaGetLastError(); }
+
+#else  // A build without CUDA: no helper can do its job.
+
+namespace {
+[[noreturn]] void no_cuda() { rope::fail("device", "cuda", "this build of rope has no CUDA support"); }
+}  // namespace
+
+Stream::Stream() { no_cuda(); }
+Stream::~Stream() = default;
+void Stream::synchronize() const { no_cuda(); }
+Graph::Graph(const Stream&, const std::function<void()>&) { no_cuda(); }
+Graph::~Graph() = default;
+void Graph::launch(const Stream&) const { no_cuda(); }
+PinnedHostMemory::PinnedHostMemory(std::size_t) { no_cuda(); }
+PinnedHostMemory::~PinnedHostMemory() = default;
+DeviceScope::DeviceScope(int) { no_cuda(); }
+DeviceScope::~DeviceScope() = default;
+int current_device() { no_cuda(); }
+std::size_t free_device_memory() { no_cuda(); }
+bool fail_an_allocation() { no_cuda(); }
+std::string pending_error() { no_cuda(); }
+void clear_error() { no_cuda(); }
+
+#endif
+
+}  // namespace testing::cuda

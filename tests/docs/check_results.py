@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Checks that every recorded figure comes from the committed CSVs (standard library only).
+
+  check_results.py rendered      README.md's measured table and bench/results/*.md are what
+                                 scripts/render-results renders from bench/results/*.csv
+  check_results.py selftest      the check above fails when it should: on a copy of the
+                                 tree, a README figure edited by hand, a CSV value changed
+                                 without re-rendering, and a CSV that no page renders
+
+Exit status: 0 pass, 1 fail.
+"""
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OWNED = ["scripts/render-results", "README.md", "bench/results", "docs/benchmarks.md.in"]
+
+
+def run_check(root):
+    """(exit status, output) of render-results --check on the tree at @p root."""
+    done = subprocess.run([sys.executable, str(root / "scripts" / "render-results"), "--check"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return done.returncode, done.stdout
+
+
+def copy_tree(target):
+    for name in OWNED:
+        source, destination = ROOT / name, target / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, destination)
+        else:
+            shutil.copy2(source, destination)
+
+
+def replace_once(path, old, new):
+    text = path.read_text(encoding="utf-8")
+    if old not in text:
+        raise SystemExit(f"selftest: {path} has no '{old}' to change (update the selftest)")
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+
+
+def selftest():
+    """Each fault must make the check fail; the untouched copy must pass."""
+    failures = []
+    faults = {
+        "untouched copy": None,
+        "a README figure edited by hand": lambda root: replace_once(root / "README.md", "% of copy |", "0% of copy |"),
+        "a CSV value changed, pages not re-rendered": lambda root: replace_once(
+            root / "bench/results/h200-rope-bench.csv", ",537.4,", ",437.4,"),
+        "a CSV no page renders": lambda root: (root / "bench/results/orphan.csv").write_text("backend\nx\n"),
+        "a results page written by hand": lambda root: (root / "bench/results/notes.md").write_text("# notes\n"),
+    }
+    for name, fault in faults.items():
+        with tempfile.TemporaryDirectory() as work:
+            root = Path(work)
+            copy_tree(root)
+            if fault:
+                fault(root)
+            status, output = run_check(root)
+            expected_pass = fault is None
+            if (status == 0) != expected_pass:
+                failures.append(f"{name}: check exited {status}, expected {'0' if expected_pass else 'non-zero'}\n{output}")
+            else:
+                print(f"[ok] {name}: check {'passes' if expected_pass else 'fails'}")
+    for failure in failures:
+        print(f"[FAILED] {failure}")
+    return 1 if failures else 0
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else "rendered"
+    if mode == "rendered":
+        status, output = run_check(ROOT)
+        print(output, end="")
+        return status
+    if mode == "selftest":
+        return selftest()
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
