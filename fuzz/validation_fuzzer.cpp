@@ -14,7 +14,8 @@
 //     rope::Error, and then no byte of the arena or of the position arrays
 //     changed; or both return, no byte outside the output elements changed,
 //     the outputs equal the float64 oracle (tests/oracle.hpp) within the
-//     tests' tolerance, and cpu-eigen equals cpu-naive;
+//     tests' tolerance (for the scaling types the oracle computes: none and
+//     linear), and cpu-eigen equals cpu-naive;
 //   - otherwise (sizes or strides too large to allocate, or overflowing 64
 //     bits) only the validation runs (rope::make_plan, which reads no tensor
 //     memory): it must throw rope::Error or accept, and it must never accept a
@@ -563,7 +564,9 @@ Arena lay_out(Call& call) {
 }
 
 // Guard pattern everywhere, NaN in every output element, random values in
-// every input element, and the cos/sin of the true angles in the table.
+// every input element, and in the table values no formula would produce
+// (random, in [-1, 1]): the oracle reads the same table, so a lookup of the
+// wrong row, pair or half cannot agree with it by luck.
 // Returns false when the finished arena does not hold the inputs intact (an
 // operand was written over by a later one): the call is then only validated.
 bool fill(const Call& call, Arena& arena) {
@@ -578,19 +581,13 @@ bool fill(const Call& call, Arena& arena) {
         for_each_element(view, [&](uintptr_t address) { store(address, view.dtype, random.input_value()); });
     }
     if (!call.has_cache) return true;
-    // The table a serving engine would build for this config: row p holds
-    // cos(p theta_i) for every pair i, then sin(p theta_i), computed in double.
     const rope::CosSinCache& cache = call.cache;
-    const int64_t rotary = call.config.effective_rotary_dim();
     const int64_t row_stride = std::max(cache.row_stride, cache.cols);
     auto* table = static_cast<uint8_t*>(const_cast<void*>(cache.data));
     if (cache.rows <= 0 || cache.cols <= 0 || cache.row_stride < 0) return true;
     for (int64_t p = 0; p < cache.rows; ++p) {
         for (int64_t j = 0; j < cache.cols; ++j) {
-            const int64_t pair = rotary > 0 ? j % std::max<int64_t>(rotary / 2, 1) : j;
-            const double theta = std::pow(call.config.base, -2.0 * double(pair) / double(std::max<int64_t>(rotary, 1)));
-            const double angle = double(p) * theta;
-            const float value = float(j < cache.cols / 2 ? std::cos(angle) : std::sin(angle));
+            const float value = random.input_value() / 2.0f;
             std::memcpy(table + 4 * (p * row_stride + j), &value, 4);
         }
     }
@@ -623,51 +620,41 @@ std::vector<bool> writable_bytes(const Call& call, const Arena& arena) {
     return writable;
 }
 
-// A thd view seen as the bshd view of one sequence that it is, for the oracle,
-// whose indexing knows bhsd and bshd only.
-rope::TensorView as_four_dimensional(rope::TensorView view) {
-    if (view.layout != Layout::thd) return view;
-    view.layout = Layout::bshd;
-    view.shape = {1, view.shape[0], view.shape[1], view.shape[2]};
-    view.strides = {0, view.strides[0], view.strides[1], view.strides[2]};
-    return view;
-}
-
 // The elements of a view as doubles, dense in (batch, heads, seq, dim) order.
 // (Not by looping over an empty view: its other sizes may be 2^63.)
 std::vector<double> values(const rope::TensorView& view) {
-    return view.numel() == 0 ? std::vector<double>{} : oracle::values(as_four_dimensional(view));
+    return view.numel() == 0 ? std::vector<double>{} : oracle::values(view);
 }
 
-// Whether oracle::rotate (tests/oracle.hpp) computes this call today. It knows
-// the scaling types none and linear, one position axis, positions as an
-// offset or as ids of shape [length] or [batch, length], and (through the
-// config's own frequencies) a cos_sin_cache holding the true angles, which is
-// the table this target builds. The forms added with the positions work --
-// multi-axis ids (M-RoPE, axial), packed sequences (cu_seqlens, starts) and
-// context-parallel shards (cp_size > 1) -- are compared between cpu-eigen and
-// cpu-naive (the specification) only, until the `positions` branch extends
-// oracle::rotate to them. At that merge this function returns true for those
-// forms as well; only the scaling types the oracle refuses by design
-// (dynamic, yarn, llama3, longrope: their frequencies are checked against
-// HuggingFace's in tests/scaling_test.cpp) stay backend-against-backend.
+// Whether oracle::rotate (tests/oracle.hpp) computes this call: it knows every
+// layout, position form and multi-axis assignment, and a caller's table, but
+// of the scaling types only none and linear. The others (dynamic, yarn,
+// llama3, longrope) only change the frequencies, which tests/scaling_test.cpp
+// checks against HuggingFace's own; here cpu-eigen is compared with cpu-naive.
 bool oracle_can_compute(const Call& call) {
-    const rope::RopeConfig& c = call.config;
-    const rope::Positions& p = call.positions;
-    const bool scaling = c.scaling.type == rope::ScalingType::none || c.scaling.type == rope::ScalingType::linear;
-    return scaling && c.multi_axis.assignment == rope::AxisAssignment::single && p.axes == 1 &&
-           p.cu_seqlens == nullptr && p.cp_size == 1;
+    const rope::ScalingType type = call.config.scaling.type;
+    return type == rope::ScalingType::none || type == rope::ScalingType::linear;
 }
 
-// Largest position of an oracle-computable call (offset or ids), or 0.
+// Largest position of a call rope accepted (so every form is well formed), by
+// the definitions of rope::Positions: the largest id; the last position of the
+// longest sharded run (offset + seq * cp_size - 1, or per packed sequence,
+// start + length * cp_size - 1).
 int64_t largest_position(const Call& call, int64_t seq) {
     const rope::Positions& p = call.positions;
+    int64_t largest = 0;
     if (p.ids != nullptr) {
-        int64_t largest = 0;
         for (int64_t id : call.ids) largest = std::max(largest, id);
-        return largest;
+    } else if (p.cu_seqlens != nullptr) {
+        for (int64_t b = 0; b < p.sequences; ++b) {
+            const int64_t length = p.cu_seqlens[b + 1] - p.cu_seqlens[b];
+            const int64_t start = p.starts != nullptr ? p.starts[b] : p.offset;
+            if (length > 0) largest = std::max(largest, start + length * p.cp_size - 1);
+        }
+    } else if (seq > 0) {
+        largest = p.offset + seq * p.cp_size - 1;
     }
-    return seq > 0 ? p.offset + seq - 1 : 0;
+    return largest;
 }
 
 // Unit roundoff of the storage type: the rounding of the float32 result on store.
@@ -685,9 +672,8 @@ double storage_roundoff(DType dtype) {
 // to the storage type.
 double oracle_tolerance(const Call& call, int64_t largest_position, DType dtype) {
     const rope::RopeConfig& c = call.config;
-    const double rotary = double(c.effective_rotary_dim());
-    double largest_theta = 0;  // theta_i = base^(-2i/rotary) / factor: largest at i = 0 or i = pairs - 1
-    for (double i : {0.0, rotary / 2 - 1}) largest_theta = std::max(largest_theta, std::pow(c.base, -2.0 * i / rotary));
+    // theta_i = base^(-x) / factor with x in [0, 1) for every assignment (axial too).
+    double largest_theta = std::max(1.0, 1.0 / c.base);
     if (c.scaling.type == rope::ScalingType::linear) largest_theta /= c.scaling.factor;
     const bool exact_angle = c.precise_angles || call.has_cache;
     const double angle_error =
@@ -828,12 +814,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool empty = call.views[kQ].numel() == 0 && call.views[kK].numel() == 0;
     if (!from_naive.threw && use_oracle && !empty) {
         std::memcpy(arena.bytes.data(), start.data(), start.size());
-        const rope::TensorView q = as_four_dimensional(call.views[kQ]), k = as_four_dimensional(call.views[kK]);
+        const rope::TensorView& q = call.views[kQ];
+        const rope::TensorView& k = call.views[kK];
         // (An empty tensor has nothing to expect; the oracle would still size
         // its frequency table by head_dim, which may be huge.)
         auto expected = [&](const rope::TensorView& view) {
-            return view.numel() == 0 ? std::vector<double>{}
-                                     : oracle::rotate(call.config, view, call.positions, call.direction);
+            if (view.numel() == 0) return std::vector<double>{};
+            if (call.has_cache) return oracle::rotate(call.config, view, call.positions, call.direction, call.cache);
+            return oracle::rotate(call.config, view, call.positions, call.direction);
         };
         want_q = expected(q);
         want_k = expected(k);

@@ -1,4 +1,4 @@
-// Concurrency: the rules of docs/api.md's "Concurrency" section, tested.
+// Concurrency: the threads part of docs/api.md's section "Concurrency, streams and CUDA graphs", tested.
 //
 //   1. One backend object, many threads calling rope::apply on it at once.
 //   2. One backend object per thread, all calling at once.
@@ -34,58 +34,13 @@ constexpr int kRounds = 3;   // each thread runs its mix this many times
 // The calls
 // ---------------------------------------------------------------------------
 
-// One call, with the position forms that testing::Call does not carry itself.
+// One call of the mix (testing::Call carries every position form and the
+// table, and stages them on the device for a CUDA backend), and its expected result.
 struct Job {
     std::string name;
-    testing::Call call;                 // config, tensors, offset or ids, direction, in place or not
-    std::vector<int64_t> axis_ids;      // multi-axis ids [axes, rows, seq], or empty
-    int64_t axes = 1, id_rows = 1;
-    std::vector<int64_t> cu_seqlens;    // packed sequences, or empty
-    std::vector<int64_t> starts;        // their first positions, or empty (the offset)
-    int64_t cp_size = 1, cp_rank = 0;   // a context-parallel shard of the packed form
-    std::vector<float> table;           // a caller's cos/sin table [rows, rotary_dim], or empty
-    int64_t table_rows = 0;
-    testing::Call expected;             // cpu-naive's result, computed on one thread beforehand
+    testing::Call call;
+    testing::Call expected;  // cpu-naive's result, computed on one thread beforehand
 };
-
-// Where a job's extra arrays live for one call: the host arrays themselves for
-// a CPU backend, device copies kept alive until the call returns for a CUDA one.
-class Placer {
-public:
-    explicit Placer(rope::Device device) : device_(device) {}
-    template <typename T>
-    const T* operator()(const std::vector<T>& host) {
-        if (device_ == rope::Device::host || host.empty()) return host.data();
-        buffers_.emplace_back(rope::Device::cuda, host.size() * sizeof(T));
-        buffers_.back().copy_from_host(host.data());
-        return static_cast<const T*>(buffers_.back().data());
-    }
-
-private:
-    rope::Device device_;
-    std::vector<rope::Buffer> buffers_;
-};
-
-// Runs @p job's call on @p backend into @p call (a copy of job.call), with the
-// job's position form and table.
-void run_job(rope::Backend& backend, const Job& job, testing::Call& call) {
-    Placer place(backend.device());
-    const rope::Device device = backend.device();
-    testing::run(backend, call, [&](rope::RopeArgs& args) {
-        const int64_t seq = args.q.geometry().seq;
-        if (!job.axis_ids.empty()) {
-            args.positions = rope::Positions::multi_axis(place(job.axis_ids), job.axes, job.id_rows, seq, device);
-        } else if (!job.cu_seqlens.empty()) {
-            args.positions = rope::Positions::packed(place(job.cu_seqlens), int64_t(job.cu_seqlens.size()) - 1,
-                                                     job.starts.empty() ? nullptr : place(job.starts), device)
-                                 .sharded(job.cp_size, job.cp_rank);
-        }
-        if (!job.table.empty()) {
-            const int64_t cols = job.call.config.effective_rotary_dim();
-            args.cos_sin_cache = rope::CosSinCache::dense(place(job.table), job.table_rows, cols, device);
-        }
-    });
-}
 
 std::vector<int64_t> random_ids(int64_t count, int64_t largest) {
     std::vector<int64_t> ids;
@@ -109,90 +64,86 @@ std::vector<Job> make_jobs() {
     using rope::Layout;
     std::vector<Job> jobs;
     auto add = [&](std::string name, testing::Call call) {
-        Job job;
-        job.name = std::move(name);
-        job.call = std::move(call);
-        jobs.push_back(std::move(job));
-        return &jobs.back();
+        jobs.push_back(Job{std::move(name), std::move(call), {}});
+        return &jobs.back().call;
     };
     {  // A decode step of a grouped-query model: one token, KV cache of 4095, dynamic NTK past its original context.
         rope::RopeConfig config = config_of(128, 500000.0);
         config.scaling = {.type = rope::ScalingType::dynamic, .factor = 2.0, .original_max_position_embeddings = 2048};
-        Job* job = add("decode, bf16, dynamic NTK, in place",
-                       testing::make_call(config, DType::bf16, Layout::bshd, {4, 1, 8, 128}, {4, 1, 2, 128}));
-        job->call.offset = 4095;
-        job->call.in_place = true;
+        testing::Call* call = add("decode, bf16, dynamic NTK, in place",
+                                  testing::make_call(config, DType::bf16, Layout::bshd, {4, 1, 8, 128}, {4, 1, 2, 128}));
+        call->offset = 4095;
+        call->in_place = true;
     }
     {  // A prompt with shared ids, partial rotary, interleaved pairs.
         rope::RopeConfig config = config_of(64, 10000.0, rope::Style::interleaved);
         config.rotary_dim = 32;
-        Job* job = add("shared ids, fp32, partial rotary, interleaved",
-                       testing::make_call(config, DType::f32, Layout::bhsd, {2, 4, 16, 64}, {2, 2, 16, 64}));
-        job->call.ids = random_ids(16, 2000);
-        job->call.id_rows = 1;
+        testing::Call* call = add("shared ids, fp32, partial rotary, interleaved",
+                                  testing::make_call(config, DType::f32, Layout::bhsd, {2, 4, 16, 64}, {2, 2, 16, 64}));
+        call->ids = random_ids(16, 2000);
+        call->id_rows = 1;
     }
     {  // Per-sequence ids, backward pass, padded rows.
-        Job* job = add("per-sequence ids, fp16, inverse, padded",
-                       testing::make_call(config_of(64, 10000.0), DType::f16, Layout::bshd, {3, 12, 2, 64},
-                                          {3, 12, 2, 64}, /*pad=*/3));
-        job->call.ids = random_ids(3 * 12, 5000);
-        job->call.id_rows = 3;
-        job->call.direction = rope::Direction::inverse;
+        testing::Call* call = add("per-sequence ids, fp16, inverse, padded",
+                                  testing::make_call(config_of(64, 10000.0), DType::f16, Layout::bshd, {3, 12, 2, 64},
+                                                     {3, 12, 2, 64}, /*pad=*/3));
+        call->ids = random_ids(3 * 12, 5000);
+        call->id_rows = 3;
+        call->direction = rope::Direction::inverse;
     }
     {  // Packed (varlen) sequences with starts of their own.
-        Job* job = add("packed sequences, fp32, thd, starts",
-                       testing::make_call(config_of(64, 10000.0), DType::f32, Layout::thd, {20, 4, 64, 1},
-                                          {20, 2, 64, 1}));
-        job->cu_seqlens = {0, 5, 12, 20};
-        job->starts = {0, 100, 7};
+        testing::Call* call = add("packed sequences, fp32, thd, starts",
+                                  testing::make_packed_call(config_of(64, 10000.0), DType::f32, {5, 7, 8}, 4, 2));
+        call->starts = {0, 100, 7};
     }
     {  // Rank 1 of a context-parallel group of 2: chunks 1 and 2 of each sequence.
-        Job* job = add("context-parallel shard 1 of 2, bf16, thd",
-                       testing::make_call(config_of(32, 10000.0), DType::bf16, Layout::thd, {16, 2, 32, 1},
-                                          {16, 1, 32, 1}));
-        job->cu_seqlens = {0, 6, 16};
-        job->cp_size = 2;
-        job->cp_rank = 1;
+        testing::Call* call = add("context-parallel shard 1 of 2, bf16, thd",
+                                  testing::make_packed_call(config_of(32, 10000.0), DType::bf16, {6, 10}, 2, 1));
+        call->cp_size = 2;
+        call->cp_rank = 1;
     }
     {  // Qwen3-VL's interleaved M-RoPE: distinct temporal, height and width rows.
         rope::RopeConfig config = config_of(128, 5000000.0);
         config.multi_axis = {rope::AxisAssignment::mrope_interleaved, {24, 20, 20}};
-        Job* job = add("M-RoPE interleaved, bf16, 3 axis rows",
-                       testing::make_call(config, DType::bf16, Layout::bshd, {1, 24, 4, 128}, {1, 24, 2, 128}));
-        job->axes = 3;
-        job->axis_ids = random_ids(3 * 24, 64);
+        testing::Call* call = add("M-RoPE interleaved, bf16, 3 axis rows",
+                                  testing::make_call(config, DType::bf16, Layout::bshd, {1, 24, 4, 128}, {1, 24, 2, 128}));
+        call->ids = random_ids(3 * 24, 64);
+        call->id_axes = 3;
+        call->id_rows = 1;
     }
     {  // A caller's cos/sin table holding values no formula would produce.
-        Job* job = add("caller's cos/sin table, fp32",
-                       testing::make_call(config_of(64, 10000.0), DType::f32, Layout::bhsd, {2, 3, 10, 64},
-                                          {2, 3, 10, 64}));
-        job->table_rows = 64;
+        testing::Call* call = add("caller's cos/sin table, fp32",
+                                  testing::make_call(config_of(64, 10000.0), DType::f32, Layout::bhsd, {2, 3, 10, 64},
+                                                     {2, 3, 10, 64}));
+        call->table_rows = 64;
+        call->table_cols = 64;
+        call->table_row_stride = 64;
         std::uniform_real_distribution<float> entry(-1.0f, 1.0f);
-        for (int64_t i = 0; i < job->table_rows * 64; ++i) job->table.push_back(entry(testing::rng()));
-        job->call.offset = 20;
+        for (int64_t i = 0; i < call->table_rows * 64; ++i) call->table.push_back(entry(testing::rng()));
+        call->offset = 20;
     }
     {  // YaRN with precise angles, large enough (2 MiB moved) for cpu-eigen to use two OpenMP threads.
         rope::RopeConfig config = config_of(128, 1000000.0);
         config.scaling = {.type = rope::ScalingType::yarn, .factor = 4.0, .original_max_position_embeddings = 4096};
         config.precise_angles = true;
-        Job* job = add("yarn, precise angles, fp32, two OpenMP threads",
-                       testing::make_call(config, DType::f32, Layout::bhsd, {1, 8, 128, 128}, {1, 8, 128, 128}));
-        job->call.offset = 30000;
+        testing::Call* call = add("yarn, precise angles, fp32, two OpenMP threads",
+                                  testing::make_call(config, DType::f32, Layout::bhsd, {1, 8, 128, 128}, {1, 8, 128, 128}));
+        call->offset = 30000;
     }
     {  // Axial RoPE over a 2-D grid of patches (vision), coordinates per sequence.
         rope::RopeConfig config = config_of(80, 10000.0);
         config.multi_axis = {rope::AxisAssignment::axial, {20, 20}};
-        Job* job = add("axial 2-D, fp16, per-sequence coordinates",
-                       testing::make_call(config, DType::f16, Layout::bshd, {2, 16, 2, 80}, {2, 16, 2, 80}));
-        job->axes = 2;
-        job->id_rows = 2;
-        job->axis_ids = random_ids(2 * 2 * 16, 15);
+        testing::Call* call = add("axial 2-D, fp16, per-sequence coordinates",
+                                  testing::make_call(config, DType::f16, Layout::bshd, {2, 16, 2, 80}, {2, 16, 2, 80}));
+        call->ids = random_ids(2 * 2 * 16, 15);
+        call->id_axes = 2;
+        call->id_rows = 2;
     }
     // The reference: cpu-naive, one call at a time, before any thread starts.
     auto naive = rope::make_backend("cpu-naive");
     for (Job& job : jobs) {
         job.expected = job.call;
-        run_job(*naive, job, job.expected);
+        testing::run(*naive, job.expected);
     }
     return jobs;
 }
@@ -240,7 +191,7 @@ std::vector<std::string> run_threads(const std::vector<Job>& jobs, BackendFor&& 
                     const Job& job = jobs[(size_t(t) * 5 + j * (size_t(t) % 2 == 0 ? 1 : jobs.size() - 1)) % jobs.size()];
                     testing::Call call = job.call;
                     try {
-                        run_job(backend, job, call);
+                        testing::run(backend, call);
                         const std::string why = compare(job, call, bit_exact);
                         if (!why.empty()) failures[size_t(t)].push_back(backend.name() + ", thread " + std::to_string(t) + ": " + why);
                     } catch (const std::exception& error) {

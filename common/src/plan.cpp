@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <string>
 
 #include "rope/error.hpp"
@@ -342,8 +343,9 @@ CosSinTable check_table(const CosSinCache& cache, const RopeConfig& config, int6
 // replaces the angles, so then nothing is checked.
 void check_angles(const FrequencyTable& frequencies, const RopeConfig& config, int64_t largest, bool table) {
     if (table) return;
-    const std::string source = "(from base = " + std::to_string(config.base) + " and scaling " +
-                               std::string(scaling_type_name(config.scaling.type)) + ")";
+    std::ostringstream from;  // as fail() prints numbers: 1e-45, not std::to_string's 0.000000
+    from << "(from base = " << config.base << " and scaling " << scaling_type_name(config.scaling.type) << ")";
+    const std::string source = from.str();
     float largest_theta = 0.0f;
     for (size_t i = 0; i < frequencies.inv_freq.size(); ++i) {
         if (!std::isfinite(frequencies.inv_freq[i]))
@@ -354,7 +356,7 @@ void check_angles(const FrequencyTable& frequencies, const RopeConfig& config, i
         fail("attention factor", frequencies.attention_factor, "is not finite in float32 " + source);
     if (!config.precise_angles && largest > 0 && !std::isfinite(static_cast<float>(largest) * largest_theta))
         fail("positions", "largest " + std::to_string(largest),
-             "times theta = " + std::to_string(largest_theta) + " " + source + " overflows float32");
+             "times the largest theta " + source + " overflows float32");
 }
 
 }  // namespace
