@@ -232,11 +232,12 @@ void check_packed(const Positions& positions, int64_t batch, int64_t seq, Positi
     const int64_t* cu = positions.cu_seqlens;
     if (cu[0] != 0) fail("positions.cu_seqlens[0]", cu[0], "must be 0");
     for (int64_t b = 0; b < positions.sequences; ++b) {
-        const int64_t length = cu[b + 1] - cu[b];
         const std::string entry = "positions.cu_seqlens[" + std::to_string(b + 1) + "]";
-        if (length < 0)
+        // Compared before subtracting: with the entries so far in [0, seq], the difference cannot overflow.
+        if (cu[b + 1] < cu[b])
             fail(entry, cu[b + 1], "must be >= cu_seqlens[" + std::to_string(b) + "] = " + std::to_string(cu[b]) +
                                        " (non-decreasing)");
+        const int64_t length = cu[b + 1] - cu[b];
         if (cu[b + 1] > seq) fail(entry, cu[b + 1], "must be <= total tokens = " + std::to_string(seq));
         if (positions.cp_size > 1 && length % 2 != 0)
             fail("sequence " + std::to_string(b) + " length", length,
