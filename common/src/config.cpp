@@ -1,7 +1,6 @@
 // Validation of RopeConfig: the model-level parameters, checked before any tensor is looked at.
 #include <array>
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,11 +15,7 @@ namespace {
 std::string field(const char* name) { return std::string("scaling.") + name; }
 
 // A number as messages print it (4, 0.5, 1e+06), not std::to_string's 4.000000.
-std::string number(double value) {
-    std::ostringstream text;
-    text << value;
-    return text.str();
-}
+std::string number(double value) { return to_text(value); }
 
 void require_finite_positive(const char* name, double value) {
     if (!std::isfinite(value)) fail(field(name), value, "must be finite");

@@ -285,10 +285,10 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
 
     const bool arrays = positions.ids != nullptr || positions.cu_seqlens != nullptr;
     if (arrays) check_device("positions.device", positions.device, device);
-    if (positions.ids != nullptr) {
-        check_ids(positions, batch, seq, config_axes, facts);
-    } else if (positions.cu_seqlens != nullptr) {
+    if (positions.cu_seqlens != nullptr) {  // First: check_packed refuses ids given with cu_seqlens.
         check_packed(positions, batch, seq, facts);
+    } else if (positions.ids != nullptr) {
+        check_ids(positions, batch, seq, config_axes, facts);
     } else {
         if (positions.cp_size > 1 && seq % 2 != 0)
             fail("seq", seq, "must be even with cp_size > 1 (this rank holds two equal chunks of each sequence)");

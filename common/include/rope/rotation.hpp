@@ -86,8 +86,18 @@ ROPE_HOST_DEVICE inline float pair_angle(bool precise, int64_t position, float i
 /// @param cos_angle cosine of the angle, times the attention factor.
 /// @param sin_angle sine of the angle, times the attention factor (negated for the inverse).
 ROPE_HOST_DEVICE inline void rotate_pair(float& x, float& y, float cos_angle, float sin_angle) {
+#if defined(__CUDA_ARCH__)
+    // Each product rounded on its own, never fused into a multiply-add: nvcc
+    // fuses `a * b - c * d` differently in different kernels (seen on the H200:
+    // the same pair came out one ulp apart from two launch paths of one backend),
+    // and the host compiler, in ISO C++ mode without FMA instructions, does not
+    // fuse at all. So every kernel rounds as the CPU does.
+    const float rotated_x = __fsub_rn(__fmul_rn(x, cos_angle), __fmul_rn(y, sin_angle));
+    const float rotated_y = __fadd_rn(__fmul_rn(y, cos_angle), __fmul_rn(x, sin_angle));
+#else
     const float rotated_x = x * cos_angle - y * sin_angle;
     const float rotated_y = y * cos_angle + x * sin_angle;
+#endif
     x = rotated_x;
     y = rotated_y;
 }

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""What a call from Python costs: the PyTorch operator at decode shape [1,32,1,128],
+next to rope-bench's C++ call, timed the same way in the same run.
+
+    PYTHONPATH=build/gpu/python python3 python/bench/op_cost.py OUTDIR [--rope-bench build/gpu/bench/rope-bench]
+
+Rows (fp32, neox, in place, k with 32 heads as rope-bench's default, positions 0):
+  rope-bench            the C++ Backend::run of a prebuilt plan (bench/main.cpp)
+  rope.ops.rope_        the Python function in eager code: launches the kernel directly
+  torch.ops.rope.apply_ the registered operator, through PyTorch's dispatcher
+  rope.apply            the generic DLPack entry point (NumPy/CuPy/PyTorch alike)
+  rope.ops.rope         the functional, differentiable operator (allocates its outputs)
+each with events timing (back-to-back calls: includes the host's cost per call
+when it exceeds the GPU's) and graph timing (CUDA-graph replay: the GPU's work
+alone), plus the copy ceiling. Writes OUTDIR/op_cost.csv and prints it.
+"""
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+
+import torch
+
+import rope
+from rope import ops
+from timing import TIMINGS, Sets
+
+SHAPE = (1, 32, 1, 128)
+
+
+def python_rows(dtype):
+    sets = Sets(SHAPE, SHAPE, dtype)
+    config = rope.Config(head_dim=SHAPE[3])
+    key = config.key
+    calls = {
+        "rope.ops.rope_": lambda i: ops.rope_(sets.q[i], sets.k[i], config, positions=0),
+        "torch.ops.rope.apply_": lambda i: torch.ops.rope.apply_(sets.q[i], sets.k[i], key, 0, None, None, None,
+                                                                 1, 0, None, "bhsd", False, "cuda-optimized", 0),
+        "rope.apply": lambda i: rope.apply(sets.q[i], sets.k[i], config, positions=0),
+        "rope.ops.rope": lambda i: ops.rope(sets.q[i], sets.k[i], config, positions=0),
+        "copy (ceiling)": sets.copy,
+    }
+    rows = []
+    for timing, measure in TIMINGS.items():
+        copy_us = measure(sets.copy, sets.count)
+        for name, call in calls.items():
+            try:
+                us = measure(call, sets.count)
+                rows.append(dict(what=name, timing=timing, median_us=f"{us:.2f}",
+                                 pct_of_copy=f"{100 * copy_us / us:.1f}", sets=sets.count, status="ok"))
+            except Exception as error:  # one row's failure (e.g. a capture PyTorch refuses) is reported, not fatal
+                rows.append(dict(what=name, timing=timing, median_us="", pct_of_copy="", sets=sets.count,
+                                 status=f"failed: {type(error).__name__}: {error}"[:200]))
+    return rows
+
+
+def rope_bench_rows(rope_bench):
+    rows = []
+    for timing, flag in (("events", []), ("graph", ["--graph"])):
+        command = [rope_bench, "--backend", "cuda-optimized", "--shape", ",".join(map(str, SHAPE)), "--kv-heads",
+                   str(SHAPE[1]), "--dtype", "fp32", "--reps", "30", "--format", "csv", *flag]
+        result = subprocess.run(command, capture_output=True, text=True)
+        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        if result.returncode != 0 or len(lines) < 2:
+            rows.append(dict(what="rope-bench (C++)", timing=timing, status=f"failed: {result.stderr[-200:]}"))
+            continue
+        for record in csv.DictReader(lines):
+            rows.append(dict(what="rope-bench (C++)", timing=record.get("timing", timing),
+                             median_us=record["median_us"], pct_of_copy=record["pct_of_copy"], sets=record["sets"],
+                             status=record["status"]))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("outdir")
+    parser.add_argument("--rope-bench", help="path of rope-bench, for the C++ rows")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("SKIPPED: no CUDA device")
+        return 77
+    rows = python_rows(torch.float32)
+    if args.rope_bench:
+        rows = rope_bench_rows(args.rope_bench) + rows
+    os.makedirs(args.outdir, exist_ok=True)
+    path = os.path.join(args.outdir, "op_cost.csv")
+    columns = ["what", "timing", "median_us", "pct_of_copy", "sets", "status"]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows({c: row.get(c, "") for c in columns} for row in rows)
+    print(f"decode [1,32,1,128] fp32, {torch.cuda.get_device_name()}:")
+    for row in rows:
+        print(f"  {row['what']:<24} {row['timing']:<7} {row.get('median_us', ''):>8} us  "
+              f"{row.get('pct_of_copy', ''):>6}% of copy  {row.get('status', '')}")
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

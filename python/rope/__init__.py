@@ -1,0 +1,37 @@
+"""rope: Rotary Position Embedding on NumPy arrays, PyTorch tensors and CuPy arrays.
+
+The C++ library's backends (cpu-naive, cpu-eigen, cuda-naive, cuda-optimized)
+called on the caller's own memory, through DLPack, without a copy::
+
+    import numpy as np, rope
+    config = rope.Config(head_dim=64, base=10000.0, style="neox")
+    q = np.random.rand(1, 8, 16, 64).astype(np.float32)   # [batch, heads, seq, head_dim]
+    k = np.random.rand(1, 2, 16, 64).astype(np.float32)
+    rope.apply(q, k, config, positions=5)                # in place, positions 5..20
+
+rope.ops (imported on first use, it needs PyTorch) registers the PyTorch
+operators torch.ops.rope.apply_ (in place) and torch.ops.rope.apply
+(functional, differentiable, torch.compile-able).
+
+Errors are rope.Error, a ValueError whose message names the argument and its
+value; when one is raised, nothing has been written.
+"""
+
+from . import _rope
+from ._apply import apply, list_backends
+from ._config import Config
+
+Error = _rope.Error
+BackendInfo = _rope.BackendInfo
+
+__all__ = ["Config", "Error", "BackendInfo", "apply", "list_backends", "ops"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # rope.ops imports torch: only when asked for, so that `import rope` works without it.
+    if name == "ops":
+        import importlib
+
+        return importlib.import_module(".ops", __name__)
+    raise AttributeError(f"module 'rope' has no attribute {name!r}")

@@ -1,0 +1,183 @@
+"""rope.apply: one RoPE call on the caller's own arrays, through DLPack.
+
+What this file adds to the C++ call (rope._rope.apply) is Python's business:
+the forms the positions come in, the CUDA stream of the framework that made
+the tensors (and DLPack's stream handshake), and NumPy's bfloat16, which DLPack
+cannot describe. Everything else (shapes, strides, dtypes, devices, aliasing)
+is checked once, by the C++ library, before anything is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _rope
+from ._config import Config, _fail
+
+# DLPack device types whose memory rope's CUDA backends address (CUDA, CUDA managed).
+_CUDA_DEVICE_TYPES = (2, 13)
+
+
+def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = None, *,
+          backend: Optional[str] = None, inverse: bool = False, out: Optional[Tuple[Any, Any]] = None,
+          layout: Optional[str] = None, cu_seqlens: Any = None, starts: Any = None,
+          cp: Optional[Tuple[int, int]] = None, cos_sin_cache: Any = None, max_position: int = 0,
+          stream: Any = None) -> Tuple[Any, Any]:
+    """Rotates q and k by RoPE, in place (default) or into ``out``.
+
+    Args:
+        q: queries: a NumPy array, PyTorch tensor or CuPy array (anything with
+            ``__dlpack__``), float32, float16 or bfloat16, on the host or a CUDA
+            device, any strides. 4-D in ``layout`` order, or 3-D for "thd".
+        k: keys, same batch, seq and head_dim as q, heads dividing q's; None rotates q only.
+        config: the model's RoPE (rope.Config).
+        positions: None (0, 1, ..., seq-1), an int offset (KV-cache decode), or
+            int64 ids: [seq], [batch, seq], or with several axes (M-RoPE, axial)
+            [axes, seq] or [axes, batch, seq]. Lists and NumPy arrays of other
+            integer types are converted to int64 (host backends only).
+        backend: "cpu-naive", "cpu-eigen", "cuda-naive" or "cuda-optimized";
+            None picks cuda-optimized for CUDA tensors and cpu-eigen (else
+            cpu-naive) for host arrays.
+        inverse: rotate by -angle (RoPE's backward pass).
+        out: (q_out, k_out) for an out-of-place call (k_out None when k is None);
+            q and k are then only read.
+        layout: "bhsd" ([batch, heads, seq, dim], the default for 4-D), "bshd",
+            or "thd" (packed [tokens, heads, dim], the default for 3-D).
+        cu_seqlens: packed sequences: int64 [sequences + 1] boundaries over the seq axis.
+        starts: packed sequences: int64 [sequences], each one's first position
+            (default: ``positions`` as an int offset, else 0).
+        cp: (size, rank): this rank's context-parallel shard (chunks rank and
+            2*size-1-rank of every sequence), rotated at global positions.
+        cos_sin_cache: a float32 [max_position, rotary_dim] table (cos of each
+            pair, then sin), replacing rope's own angles.
+        max_position: largest position + 1, needed with dynamic or longrope
+            scaling when the ids live on a CUDA device (rope cannot read them).
+        stream: the CUDA stream to launch on (an int handle, a torch.cuda.Stream,
+            a cupy Stream or any object with ``__cuda_stream__``). Default: the
+            current stream of the framework that made q (PyTorch, CuPy), else
+            the default stream.
+
+    Returns:
+        (q, k) rotated in place, or ``out``.
+
+    Raises:
+        rope.Error: (a ValueError) naming the offending argument and its value;
+            nothing has been written.
+    """
+    if not isinstance(config, Config):
+        raise _fail("config", type(config).__name__, "must be a rope.Config")
+    _refuse_autograd(q, "q")
+    _refuse_autograd(k, "k")
+    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
+        raise _fail("out", type(out).__name__, "must be a pair (q_out, k_out)")
+    result = (q, k) if out is None else tuple(out)
+    offset, ids = _positions(positions)
+    q_out, k_out = (None, None) if out is None else out
+    if layout is None:
+        layout = "thd" if getattr(q, "ndim", 4) == 3 else "bhsd"
+    cp_size, cp_rank = (1, 0) if cp is None else cp
+    arrays = [q, k, q_out, k_out, ids, _host_index(cu_seqlens), _host_index(starts), cos_sin_cache]
+
+    handle = 0
+    if stream is not None:
+        # An explicit stream: DLPack's handshake asks each CUDA producer to make
+        # that stream wait for the work it has queued on its own stream.
+        handle = _stream_handle(stream)
+        arrays = [_export_for_stream(a, handle) for a in arrays]
+    else:
+        handle = _current_stream(q)
+
+    bits = 0
+    for operand in range(4):  # q, k, q_out, k_out: NumPy bfloat16 travels as its uint16 bits.
+        arrays[operand], is_bf16 = _bfloat16_bits(arrays[operand])
+        bits |= int(is_bf16) << operand
+
+    q, k, q_out, k_out, ids, cu_seqlens, starts, cos_sin_cache = arrays
+    _rope.apply(backend or "", config._native, q, k, q_out, k_out, layout, offset, ids, cu_seqlens, starts,
+                int(cp_size), int(cp_rank), int(max_position), cos_sin_cache, bool(inverse), handle, bits)
+    return result
+
+
+def list_backends() -> list:
+    """Every backend rope knows, in teaching order, available here or not.
+
+    Returns:
+        rope.BackendInfo objects: name, description, device ("host" or "cuda"),
+        available, and reason (why it is unavailable, "" if it is available).
+    """
+    return _rope.list_backends()
+
+
+def _refuse_autograd(tensor: Any, name: str) -> None:
+    """A PyTorch tensor that autograd tracks would silently lose its gradient here: refuse it."""
+    if getattr(tensor, "requires_grad", False) and sys.modules["torch"].is_grad_enabled():
+        raise _fail(name, "a tensor that requires grad",
+                    "rope.apply is not differentiable: use rope.ops.rope (its backward is the inverse rotation), "
+                    "or call rope.apply under torch.no_grad()")
+
+
+# --- Positions ------------------------------------------------------------------------
+def _positions(positions: Any) -> Tuple[int, Any]:
+    """(offset, ids): an int is an offset; anything else is an ids array."""
+    if positions is None:
+        return 0, None
+    if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool):
+        return int(positions), None
+    return 0, _host_index(positions)
+
+
+def _host_index(values: Any) -> Any:
+    """Lists and NumPy integer arrays as contiguous int64 NumPy arrays; other arrays as they are."""
+    if isinstance(values, (list, tuple)) or (isinstance(values, np.ndarray) and values.dtype.kind in "iu"):
+        return np.ascontiguousarray(values, dtype=np.int64)
+    return values
+
+
+# --- Streams ----------------------------------------------------------------------------
+def _stream_handle(stream: Any) -> int:
+    """The cudaStream_t of ``stream`` as an int: PyTorch, CuPy, the CUDA stream protocol, or an int."""
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):  # The CUDA stream protocol: (version, handle).
+        return int(stream.__cuda_stream__()[1])
+    for attribute in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        if hasattr(stream, attribute):
+            return int(getattr(stream, attribute))
+    raise _fail("stream", type(stream).__name__, "must be an int handle, a torch.cuda.Stream or a cupy Stream")
+
+
+def _current_stream(q: Any) -> int:
+    """The stream the framework that made ``q`` is working on, so rope's kernel follows its work."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(q, torch.Tensor):
+        return torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(q, cupy.ndarray):
+        return cupy.cuda.get_current_stream().ptr
+    return 0
+
+
+def _export_for_stream(array: Any, handle: int) -> Any:
+    """A CUDA array as a DLPack capsule made for ``handle`` (host arrays and None unchanged).
+
+    The capsule owns a reference to its producer, so the memory stays valid
+    until rope has imported it and the call has returned.
+    """
+    if array is None or not hasattr(array, "__dlpack_device__"):
+        return array
+    if array.__dlpack_device__()[0] not in _CUDA_DEVICE_TYPES:
+        return array
+    # DLPack: 1 is the legacy default stream; 0 is ambiguous and not allowed.
+    return array.__dlpack__(stream=handle if handle != 0 else 1)
+
+
+# --- bfloat16 NumPy arrays -----------------------------------------------------------------
+def _bfloat16_bits(array: Any) -> Tuple[Any, bool]:
+    """An ml_dtypes.bfloat16 NumPy array as a uint16 view of the same memory (DLPack has no
+    code for NumPy's extension dtypes); the C++ side reads those bits as bfloat16."""
+    if isinstance(array, np.ndarray) and array.dtype.name == "bfloat16":
+        return array.view(np.uint16), True
+    return array, False

@@ -1,0 +1,285 @@
+"""rope.Config: what a model's RoPE is, from keywords or from a HuggingFace config's dict.
+
+A HuggingFace model config describes RoPE in a dict: ``rope_parameters`` in
+transformers 5, ``rope_scaling`` (plus ``rope_theta`` and
+``partial_rotary_factor`` beside it) in transformers 4. Config accepts that
+dict as it is, as ``scaling=``: every key rope knows maps to a field of
+rope::RopeConfig (the table ``_SCALING_KEYS`` below), and a key rope does not
+know is a rope.Error naming it, never silently ignored, because a setting rope
+dropped would give a model a RoPE it was not trained with.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any, Mapping, Optional, Sequence
+
+from . import _rope
+
+Error = _rope.Error
+
+# Key of the HF dict -> (field it sets, how its value is read). "config." fields
+# belong to RopeConfig itself; the others to RopeConfig::scaling.
+_SCALING_KEYS = {
+    "rope_type": ("type", str),
+    "type": ("type", str),  # transformers 4's older spelling of rope_type
+    "factor": ("factor", float),
+    "original_max_position_embeddings": ("original_max_position_embeddings", int),
+    "attention_factor": ("attention_factor", float),
+    "beta_fast": ("beta_fast", float),
+    "beta_slow": ("beta_slow", float),
+    "truncate": ("truncate", bool),
+    "mscale": ("mscale", float),
+    "mscale_all_dim": ("mscale_all_dim", float),
+    "low_freq_factor": ("low_freq_factor", float),
+    "high_freq_factor": ("high_freq_factor", float),
+    "short_factor": ("short_factor", list),
+    "long_factor": ("long_factor", list),
+    "rope_theta": ("config.base", float),
+    "partial_rotary_factor": ("config.partial_rotary_factor", float),
+    "mrope_section": ("config.mrope_section", list),
+    "mrope_interleaved": ("config.mrope_interleaved", bool),
+}
+
+# rope_type values that mean "no frequency scaling" (M-RoPE models write "mrope"
+# in transformers 4; their sections are given by mrope_section).
+_UNSCALED_TYPES = {"default": "default", "none": "default", "mrope": "default"}
+
+
+def _fail(parameter: str, value: Any, reason: str) -> "Error":
+    """A rope.Error worded as the C++ library words its own: ``parameter = value: reason``."""
+    return Error(f"rope::Error: {parameter} = {value}: {reason}")
+
+
+def _read(key: str, value: Any, kind: type) -> Any:
+    """``value`` as ``kind`` (float, int, bool, str, list of numbers), or a rope.Error naming ``key``."""
+    where = f"scaling[{key!r}]"
+    try:
+        if kind is bool:
+            if not isinstance(value, (bool, int)):
+                raise TypeError
+            return bool(value)
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise TypeError
+            return int(value)
+        if kind is list:
+            return [float(v) if key.endswith("_factor") else int(v) for v in value]
+        return kind(value)
+    except (TypeError, ValueError):
+        raise _fail(where, repr(value), f"must be {'a list of numbers' if kind is list else kind.__name__}") from None
+
+
+def _parse_scaling(scaling: Mapping[str, Any]) -> dict:
+    """The HF dict as {field: value} in rope's terms, checking every key."""
+    fields: dict = {}
+    for key, value in scaling.items():
+        if isinstance(value, Mapping):
+            raise _fail(f"scaling[{key!r}]", "a dict",
+                        "one RoPE per call: pass the dict of one layer type, e.g. rope_parameters['full_attention']")
+        if key not in _SCALING_KEYS:
+            raise _fail(f"scaling[{key!r}]", repr(value),
+                        "unknown key; rope reads " + ", ".join(_SCALING_KEYS))
+        if value is None:  # HF writes null for an unset optional (e.g. attention_factor)
+            continue
+        field, kind = _SCALING_KEYS[key]
+        parsed = _read(key, value, kind)
+        if field in fields and fields[field] != parsed:
+            raise _fail(f"scaling[{key!r}]", repr(value), f"disagrees with {fields[field]!r} given for the same field")
+        fields[field] = parsed
+    return fields
+
+
+class Config:
+    """What a model's RoPE is: rope::RopeConfig, built from keywords and a HuggingFace dict.
+
+    Args:
+        head_dim: features per head (the last axis of q and k).
+        rotary_dim: features that rotate, from the start of each head (partial
+            rotary); None or 0 means head_dim. A ``partial_rotary_factor`` in
+            ``scaling`` gives int(head_dim * factor), as HuggingFace computes it.
+        base: ``rope_theta`` (default 10000); may come from ``scaling['rope_theta']``.
+        style: ``"neox"`` (half-split, HuggingFace's rotate_half) or ``"gptj"`` (interleaved).
+        scaling: a HuggingFace ``rope_parameters`` / ``rope_scaling`` dict, as is:
+            rope_type (or type), factor, original_max_position_embeddings,
+            attention_factor, beta_fast, beta_slow, truncate, mscale,
+            mscale_all_dim, low_freq_factor, high_freq_factor, short_factor,
+            long_factor, rope_theta, partial_rotary_factor, mrope_section,
+            mrope_interleaved. Any other key raises rope.Error.
+        precise_angles: form each angle in double and reduce it before sin/cos
+            (accurate at any position; default off, as HuggingFace computes).
+        mrope_section: M-RoPE pairs per axis (temporal, height, width), e.g. [16, 24, 24].
+        mrope_interleaved: Qwen3-VL's interleaved M-RoPE instead of contiguous sections.
+        axial_sections: axial (vision) RoPE: pairs per axis, each axis a RoPE of its own.
+
+    Raises:
+        rope.Error: naming the first field out of range or the unknown key.
+    """
+
+    def __init__(self, head_dim: int, rotary_dim: Optional[int] = None, base: Optional[float] = None,
+                 style: str = "neox", scaling: Optional[Mapping[str, Any]] = None, precise_angles: bool = False,
+                 mrope_section: Optional[Sequence[int]] = None, mrope_interleaved: bool = False,
+                 axial_sections: Optional[Sequence[int]] = None) -> None:
+        fields = _parse_scaling(scaling or {})
+        # A keyword and a dict entry for the same thing must agree.
+        base = _agree("base", base, "rope_theta", fields.pop("config.base", None))
+        factor = fields.pop("config.partial_rotary_factor", None)
+        from_factor = None if factor is None else int(head_dim * factor)
+        rotary_dim = _agree("rotary_dim", rotary_dim or None, "partial_rotary_factor", from_factor)
+        mrope_section = _agree("mrope_section", list(mrope_section) if mrope_section else None, "mrope_section",
+                               fields.pop("config.mrope_section", None))
+        mrope_interleaved = bool(mrope_interleaved or fields.pop("config.mrope_interleaved", False))
+
+        native = _rope.RopeConfig()
+        native.head_dim = int(head_dim)
+        native.rotary_dim = int(rotary_dim or 0)
+        native.base = float(10000.0 if base is None else base)
+        native.style = _rope.parse_style(style)
+        native.precise_angles = bool(precise_angles)
+        native.scaling = _native_scaling(fields)
+        if mrope_section and axial_sections:
+            raise _fail("axial_sections", list(axial_sections), "give mrope_section or axial_sections, not both")
+        if mrope_section:
+            native.assignment = (_rope.AxisAssignment.mrope_interleaved if mrope_interleaved
+                                 else _rope.AxisAssignment.mrope_contiguous)
+            native.sections = [int(s) for s in mrope_section]
+        elif mrope_interleaved:
+            raise _fail("mrope_interleaved", True, "needs mrope_section")
+        elif axial_sections:
+            native.assignment = _rope.AxisAssignment.axial
+            native.sections = [int(s) for s in axial_sections]
+        native.validate()
+        self._native = native
+        self._key = json.dumps(self._as_dict(), sort_keys=True)
+
+    # --- What it is, read back -----------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        """Features per head."""
+        return self._native.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """Features that rotate (head_dim when the whole head does)."""
+        return self._native.effective_rotary_dim()
+
+    @property
+    def base(self) -> float:
+        """rope_theta."""
+        return self._native.base
+
+    @property
+    def style(self) -> str:
+        """"neox" (half-split) or "gptj" (interleaved)."""
+        return "neox" if self._native.style == _rope.Style.half_split else "gptj"
+
+    @property
+    def scaling(self) -> dict:
+        """The frequency scaling in HuggingFace's keys (only those its rope_type reads, plus rope_type)."""
+        s = self._native.scaling
+        kind = _rope.scaling_type_name(s.type)
+        out: dict = {"rope_type": kind}
+        if kind == "default":
+            return out
+        out["factor"] = s.factor
+        if kind != "linear":
+            out["original_max_position_embeddings"] = s.original_max_position_embeddings
+        if s.attention_factor is not None:
+            out["attention_factor"] = s.attention_factor
+        if kind == "yarn":
+            out.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate, mscale=s.mscale,
+                       mscale_all_dim=s.mscale_all_dim)
+        if kind == "llama3":
+            out.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
+        if kind == "longrope":
+            out.update(short_factor=list(s.short_factor), long_factor=list(s.long_factor))
+        return out
+
+    @property
+    def precise_angles(self) -> bool:
+        """Whether angles are formed in double and reduced before sin/cos."""
+        return self._native.precise_angles
+
+    @property
+    def mrope_section(self) -> Optional[list]:
+        """M-RoPE pairs per axis, or None."""
+        a = self._native.assignment
+        mrope = (_rope.AxisAssignment.mrope_contiguous, _rope.AxisAssignment.mrope_interleaved)
+        return list(self._native.sections) if a in mrope else None
+
+    @property
+    def mrope_interleaved(self) -> bool:
+        """Whether M-RoPE sections are interleaved (Qwen3-VL)."""
+        return self._native.assignment == _rope.AxisAssignment.mrope_interleaved
+
+    @property
+    def axial_sections(self) -> Optional[list]:
+        """Axial RoPE pairs per axis, or None."""
+        axial = self._native.assignment == _rope.AxisAssignment.axial
+        return list(self._native.sections) if axial else None
+
+    @property
+    def axes(self) -> int:
+        """Position axes a token has: 1, or the number of sections (M-RoPE: 3)."""
+        sections = self._native.sections
+        return len(sections) if sections else 1
+
+    def frequencies(self, max_position: int = 0) -> "tuple[list[float], float]":
+        """``(inv_freq, attention_factor)``: theta_i (float32) and the factor on cos and sin that
+        every backend uses for a call whose largest position + 1 is ``max_position``
+        (it matters for dynamic and longrope only)."""
+        return _rope.frequency_table(self._native, int(max_position))
+
+    # --- Identity: the PyTorch operator passes a Config as this string ---------------
+    @property
+    def key(self) -> str:
+        """A JSON string that describes this Config completely; ``Config.from_key(key)`` rebuilds it."""
+        return self._key
+
+    @staticmethod
+    def from_key(key: str) -> "Config":
+        """The Config whose ``key`` is ``key`` (cached: the PyTorch operator calls it on every call)."""
+        return _config_from_key(key)
+
+    def _as_dict(self) -> dict:
+        return dict(head_dim=self.head_dim, rotary_dim=self.rotary_dim, base=self.base, style=self.style,
+                    scaling=self.scaling, precise_angles=self.precise_angles, mrope_section=self.mrope_section,
+                    mrope_interleaved=self.mrope_interleaved, axial_sections=self.axial_sections)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        fields = {k: v for k, v in self._as_dict().items() if v not in (None, False)}
+        if fields["scaling"] == {"rope_type": "default"}:
+            del fields["scaling"]
+        return "rope.Config(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+
+def _agree(name: str, given: Any, key: str, from_dict: Any) -> Any:
+    """The value of a setting given as a keyword, in the dict, or both (then they must agree)."""
+    if given is not None and from_dict is not None and given != from_dict:
+        raise _fail(name, given, f"disagrees with scaling[{key!r}] (which gives {from_dict}): give one of them")
+    return from_dict if given is None else given
+
+
+def _native_scaling(fields: dict) -> "_rope.Scaling":
+    """rope::Scaling from the parsed dict fields."""
+    scaling = _rope.Scaling()
+    kind = fields.pop("type", "default")
+    scaling.type = _rope.parse_scaling_type(_UNSCALED_TYPES.get(kind, kind))
+    for field, value in fields.items():
+        setattr(scaling, field, value)  # Ranges are rope's to check: RopeConfig.validate() names the field.
+    return scaling
+
+
+@lru_cache(maxsize=256)
+def _config_from_key(key: str) -> Config:
+    fields = json.loads(key)
+    scaling = fields.pop("scaling")
+    rotary_dim = fields.pop("rotary_dim")
+    return Config(scaling=scaling, rotary_dim=rotary_dim, **fields)

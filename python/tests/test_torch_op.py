@@ -1,0 +1,148 @@
+"""The PyTorch operators (rope.ops): against the float64 oracle and HuggingFace,
+with their registration checked by torch.library.opcheck, kept whole in a
+torch.compile(fullgraph=True) graph, and differentiated (gradcheck; the backward as the
+inverse rotation). test_huggingface.py compares them with transformers. On the
+host backends here; on CUDA too where there is a GPU (marked cuda)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed (scripts/install-python-deps installs it unless ROPE_PYTHON_TORCH=0)")
+
+import oracle  # noqa: E402
+import rope  # noqa: E402
+from rope import ops  # noqa: E402
+
+CUDA = torch.cuda.is_available() and rope.list_backends()[3].available
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not CUDA, reason="needs a CUDA device and rope built with CUDA")])]
+
+
+def backends_for(device):
+    return [b.name for b in rope.list_backends() if b.available and b.device == ("cuda" if device == "cuda" else "host")]
+
+
+def to_numpy(t):
+    return t.detach().to("cpu", torch.float64).numpy()
+
+
+def check(got, want, rel_tol=5e-6, abs_tol=1.5e-4):
+    rel, worst = oracle.relative_l2(to_numpy(got), want), oracle.max_abs(to_numpy(got), want)
+    assert rel < rel_tol and worst < abs_tol, f"relative L2 {rel:.3g}, max abs {worst:.3g}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, (5e-6, 1.5e-4)), (torch.bfloat16, (8e-3, 3e-2)),
+                                             (torch.float16, (1e-3, 4e-3))])
+def test_functional_and_in_place_against_oracle(device, dtype, tolerance):
+    for backend in backends_for(device):
+        g = torch.Generator().manual_seed(1)
+        q = (torch.rand(2, 8, 16, 64, generator=g) * 2 - 1).to(device, dtype)
+        k = (torch.rand(2, 2, 16, 64, generator=g) * 2 - 1).to(device, dtype)
+        config = rope.Config(head_dim=64, rotary_dim=32, base=10000.0)
+        q_rot, k_rot = ops.rope(q, k, config, positions=9, backend=backend)
+        theta, positions = oracle.theta(32, 10000.0), oracle.offset_positions(2, 16, 9)
+        check(q_rot, oracle.rope(to_numpy(q), positions, theta, rotary_dim=32), *tolerance)
+        check(k_rot, oracle.rope(to_numpy(k), positions, theta, rotary_dim=32), *tolerance)
+        q2, k2 = q.clone(), k.clone()
+        assert ops.rope_(q2, k2, config, positions=9, backend=backend) == (q2, k2)
+        assert torch.equal(q2, q_rot) and torch.equal(k2, k_rot)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_apply_on_torch_tensors_is_zero_copy(device):
+    q = torch.rand(1, 4, 8, 32, device=device)
+    pointer = q.data_ptr()
+    before = q.clone()
+    out_q, _ = rope.apply(q, None, rope.Config(head_dim=32), positions=3)
+    assert out_q is q and q.data_ptr() == pointer and not torch.equal(q, before)
+
+
+def test_a_tensor_that_requires_grad_names_the_way_out():
+    # rope.apply is not differentiable: autograd would silently lose the gradient.
+    q = torch.rand(1, 2, 4, 16, requires_grad=True)
+    before = q.detach().clone()
+    with pytest.raises(rope.Error, match="q = a tensor that requires grad: rope.apply is not differentiable: "
+                                         "use rope.ops.rope"):
+        rope.apply(q, None, rope.Config(head_dim=16))
+    assert torch.equal(q.detach(), before)
+    with torch.no_grad():
+        rope.apply(q, None, rope.Config(head_dim=16), positions=1)
+    assert not torch.equal(q.detach(), before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    # Schema (the mutation of q and k declared), fake tensors, autograd registration, AOT dispatch.
+    config = rope.Config(head_dim=32, scaling={"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 64})
+    q, k = torch.randn(2, 4, 8, 32, device=device), torch.randn(2, 2, 8, 32, device=device)
+    common = (config.key, 100, None, None, None, 1, 0, None, "bhsd", False, "", 0)
+    torch.library.opcheck(torch.ops.rope.apply_.default, (q.clone(), k.clone(), *common))
+    torch.library.opcheck(torch.ops.rope.apply.default, (q.clone().requires_grad_(), k.clone().requires_grad_(),
+                                                         *common))
+    ids = torch.randint(0, 300, (8,), device=device)
+    torch.library.opcheck(torch.ops.rope.apply.default, (q.clone(), None, config.key, 0, ids, None, None, 1, 0, None,
+                                                         "bhsd", True, "", 0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph_keeps_the_operators(device):
+    config = rope.Config(head_dim=64, base=500000.0)
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(str(graph_module.graph))
+        return graph_module.forward
+
+    def attention_scores(q, k, positions):
+        q, k = ops.rope(q * 0.5, k, config, positions=positions)  # functional
+        q2, k2 = q.clone(), k.clone()
+        ops.rope_(q2, k2, config, positions=positions, inverse=True)  # in place: undoes the rotation
+        return (q @ k.transpose(-1, -2)).softmax(-1), q2, k2
+
+    q, k = torch.randn(1, 4, 16, 64, device=device), torch.randn(1, 4, 16, 64, device=device)
+    ids = torch.arange(16, device=device) * 3
+    want = attention_scores(q, k, ids)
+    got = torch.compile(attention_scores, fullgraph=True, backend=recording_backend)(q, k, ids)
+    assert len(graphs) == 1, "one graph: no graph break"
+    assert "target=torch.ops.rope.apply]" in graphs[0] and "target=torch.ops.rope.apply_]" in graphs[0]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    # And through PyTorch's own compiler (Inductor), end to end.
+    torch._dynamo.reset()
+    got = torch.compile(attention_scores, fullgraph=True)(q, k, ids)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(got[1], q * 0.5)  # the in-place inverse undid the functional forward
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}])
+def test_gradcheck(device, style, scaling):
+    # rope stores float32 at most, so the operator runs in float32 inside a float64
+    # function: finite differences with eps 1e-3 are exact for a linear map up to
+    # float32 rounding (~1e-4 relative), which the tolerances allow.
+    config = rope.Config(head_dim=16, rotary_dim=12, style=style, scaling=scaling)
+
+    def rotate(q, k):
+        q_out, k_out = ops.rope(q.float(), k.float(), config, positions=20)
+        return q_out.double(), k_out.double()
+
+    q = torch.randn(1, 2, 5, 16, dtype=torch.float64, device=device, requires_grad=True)
+    k = torch.randn(1, 1, 5, 16, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(rotate, (q, k), eps=1e-3, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_is_the_inverse_rotation_of_the_gradient(device):
+    config = rope.Config(head_dim=32, style="gptj")
+    q = torch.randn(2, 4, 8, 32, device=device, requires_grad=True)
+    grad = torch.randn(2, 4, 8, 32, device=device)
+    q_out, _ = ops.rope(q, None, config, positions=7)
+    q_out.backward(grad)
+    want = oracle.rope(to_numpy(grad), oracle.offset_positions(2, 8, 7), oracle.theta(32, 10000.0), "gptj",
+                       inverse=True)
+    check(q.grad, want)
