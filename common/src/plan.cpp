@@ -7,7 +7,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 
 #include "rope/error.hpp"
@@ -344,9 +343,9 @@ CosSinTable check_table(const CosSinCache& cache, const RopeConfig& config, int6
 // replaces the angles, so then nothing is checked.
 void check_angles(const FrequencyTable& frequencies, const RopeConfig& config, int64_t largest, bool table) {
     if (table) return;
-    std::ostringstream from;  // as fail() prints numbers: 1e-45, not std::to_string's 0.000000
-    from << "(from base = " << config.base << " and scaling " << scaling_type_name(config.scaling.type) << ")";
-    const std::string source = from.str();
+    // The base as fail() prints numbers (1e-45, not std::to_string's 0.000000).
+    const std::string source = "(from base = " + to_text(config.base) + " and scaling " +
+                               std::string(scaling_type_name(config.scaling.type)) + ")";
     float largest_theta = 0.0f;
     for (size_t i = 0; i < frequencies.inv_freq.size(); ++i) {
         if (!std::isfinite(frequencies.inv_freq[i]))
