@@ -24,7 +24,7 @@ TEST_CASE("fp16: widening is exact for all 65536 bit patterns") {
 }
 
 TEST_CASE("fp16: rounding float32 to half matches the compiler (round to nearest even)") {
-    std::mt19937 rng(uint32_t(testing::seed()));
+    std::mt19937 rng{uint32_t(testing::seed())};
     CAPTURE(testing::seed());
     std::uniform_int_distribution<uint32_t> any_bits;
     int mismatches = 0;
@@ -49,7 +49,7 @@ TEST_CASE("fp16: rounding float32 to half matches the compiler (round to nearest
 }
 
 TEST_CASE("bf16: rounding keeps 8 significant bits, to nearest even") {
-    std::mt19937 rng(uint32_t(testing::seed()));
+    std::mt19937 rng{uint32_t(testing::seed())};
     std::uniform_real_distribution<float> value(-1000.f, 1000.f);
     for (int i = 0; i < 200000; ++i) {
         const float x = value(rng);
