@@ -91,6 +91,15 @@ ROPE_HOST_DEVICE inline float to_float(float value) { return value; }
 /// @param value the binary16 value.
 /// @return the same value as float32.
 ROPE_HOST_DEVICE inline float to_float(float16 value) {
+#if defined(__CUDA_ARCH__)
+    // On the GPU one instruction widens exactly. It matters: an fp16 kernel
+    // widens every element it reads, and the integer code below cost the
+    // memory-bound kernel about a third of its speed (59% of a copy against
+    // bf16's 96% on the H200, 2026-12-02).
+    float widened;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(widened) : "h"(value.bits));
+    return widened;
+#else
     const uint32_t sign = uint32_t(value.bits & 0x8000u) << 16;
     const uint32_t exponent = (value.bits >> 10) & 0x1fu;
     const uint32_t mantissa = value.bits & 0x3ffu;
@@ -99,6 +108,7 @@ ROPE_HOST_DEVICE inline float to_float(float16 value) {
     // Zero or subnormal: value = mantissa * 2^-24, exactly representable in float32.
     const float magnitude = float(mantissa) * 5.9604644775390625e-8f;
     return sign ? -magnitude : magnitude;
+#endif
 }
 
 /// @brief Rounds float32 to bfloat16, to nearest with ties to even; NaN stays NaN.
