@@ -193,6 +193,16 @@ Form make_form(const Options& options, const Shape& shape, int64_t kv_heads) {
         details.push_back(grid + ", sections " + join(form.config.multi_axis.sections) +
                           (axial ? "" : options.multi_axis == rope::AxisAssignment::mrope_contiguous ? " contiguous" : " interleaved"));
     }
+    if (options.ids) {
+        if (packed)
+            throw UsageError("--ids takes one row of ids shared by the batch, not packed sequences: drop --packed "
+                             "and --layout thd");
+        form.ids.resize(size_t(form.seq));
+        std::iota(form.ids.begin(), form.ids.end(), form.offset);
+        parts.push_back("ids");
+        details.push_back("ids " + std::to_string(form.offset) + ".." + std::to_string(form.offset + form.seq - 1) +
+                          " in memory, shared by the batch");
+    }
     if (options.cp_size > 1) {
         parts.push_back("cp");
         details.push_back("rank " + std::to_string(options.cp_rank) + " of " + std::to_string(options.cp_size));

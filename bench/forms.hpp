@@ -30,7 +30,7 @@ struct Form {
     int64_t offset = 0;              ///< First position (plain and packed).
     int64_t cp_size = 1, cp_rank = 0;
     std::vector<int64_t> cu_seqlens;  ///< Packed: sequences + 1 token offsets (empty otherwise).
-    std::vector<int64_t> ids;         ///< Multi-axis: [axes, seq] ids shared by the batch (empty otherwise).
+    std::vector<int64_t> ids;         ///< Multi-axis or --ids: [axes, seq] ids shared by the batch (empty otherwise).
     int64_t axes = 1;                 ///< Rows of ids per token.
     std::vector<float> cos_sin;       ///< --table: [table_rows, rotary_dim] (empty otherwise).
     int64_t table_rows = 0;

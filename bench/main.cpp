@@ -36,7 +36,7 @@
 //   won, `ceilings` lists them all. --runs R repeats the whole measurement
 //   (calls and ceiling) R times and reports the run with the median ratio and
 //   the smallest and largest ratios (pct_min, pct_max): the ratio's own noise.
-// - Position forms (--layout thd, --packed, --cp, --mrope, --axial, --table:
+// - Position forms (--layout thd, --packed, --cp, --mrope, --axial, --table, --ids:
 //   bench/forms.hpp) change what the positions are; the bytes moved, and so
 //   the ceiling, stay those of q and k.
 #include <fstream>

@@ -16,6 +16,8 @@ namespace {
 constexpr const char* kFooter = R"(
 Position forms (each measured against a copy of the same q and k bytes):
   plain     positions P, ..., P+N-1 of each sequence (the default; P = --position-offset)
+  ids       --ids: the same positions as an int64 ids tensor [N] in memory, shared by the batch
+            (the plain path's cost of reading positions, beside mrope, packed and table)
   packed    --layout thd or --packed: the sequences packed into one [tokens, heads, head_dim]
             tensor with cu_seqlens; --packed 1..8192:32768 draws lengths (fixed seed),
             --packed 100,3000,28 lists them
@@ -157,6 +159,9 @@ Options parse_options(int argc, const char* const* argv) {
         ->check(at_least(1))
         ->excludes(mrope_option);
     app.add_flag("--table", options.table, "rotate with a caller's cos/sin table built from rope's frequencies");
+    app.add_flag("--ids", options.ids, "plain positions as an int64 ids tensor [N] shared by the batch")
+        ->excludes(mrope_option)
+        ->excludes("--axial");
     app.add_option("--format", options.format, "table, csv or json (default table)")
         ->check(CLI::IsMember({"table", "csv", "json"}));
 

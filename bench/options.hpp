@@ -62,6 +62,9 @@ struct Options {
     /// default (Qwen2-VL's [16,24,24] or Qwen3-VL's [24,20,20] scaled to rotary_dim/2).
     std::vector<int64_t> sections;
     bool table = false;                 ///< --table: a caller's cos/sin table (RopeArgs::cos_sin_cache).
+    /// --ids: the plain positions given as an int64 ids tensor [seq] shared by the batch, read
+    /// from memory as the multi-axis, packed and table forms read theirs.
+    bool ids = false;
     std::string format = "table";       ///< table, csv or json.
     bool help = false;                  ///< --help: print usage and do nothing else.
     std::string usage;                  ///< The help text (always filled).

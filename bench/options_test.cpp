@@ -87,6 +87,7 @@ TEST_CASE("position forms") {
         CHECK(axial.multi_axis == rope::AxisAssignment::axial);
         CHECK(axial.sections == std::vector<int64_t>{8, 28, 28});
         CHECK(parse({"--table"}).table);
+        CHECK(parse({"--ids"}).ids);
     }
 }
 
@@ -120,6 +121,8 @@ TEST_CASE("what parse_options refuses, each with a UsageError") {
         {"--mrope", "contiguous", "--axial", "32,32"},           // Both.
         {"--axial", "64"},                                       // One axis.
         {"--axial", "8,8,8,8,8"},                                // More than kMaxPositionAxes.
+        {"--ids", "--mrope", "contiguous"},                      // Ids of one axis, or of three.
+        {"--ids", "--axial", "32,32"},
         {"--format", "xml"},
         {"stray"},
     };
@@ -185,6 +188,15 @@ TEST_CASE("make_form: geometry, ids and table of each form") {
         CHECK(form.ids[64 + 9] == 1);  // column 1
         CHECK_THROWS_AS(rope_bench::make_form(parse({"--axial", "32,32", "--layout", "thd"}), shape, 4),
                         rope_bench::UsageError);
+    }
+    SUBCASE("ids: the plain positions, in memory") {
+        const rope_bench::Form form = rope_bench::make_form(parse({"--ids", "--position-offset", "10"}), shape, 4);
+        CHECK(form.name == "ids");
+        CHECK(form.axes == 1);
+        REQUIRE(form.ids.size() == 64);
+        CHECK(form.ids.front() == 10);
+        CHECK(form.ids.back() == 73);
+        CHECK_THROWS_AS(rope_bench::make_form(parse({"--ids", "--layout", "thd"}), shape, 4), rope_bench::UsageError);
     }
     SUBCASE("table: cos then sin of rope's own angles, one row per position") {
         const rope_bench::Form form = rope_bench::make_form(parse({"--table", "--position-offset", "10"}), shape, 4);
