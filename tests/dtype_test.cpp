@@ -1,7 +1,8 @@
 // fp16 and bf16 conversions: rope's bit-level code against the compiler's own
 // _Float16 conversions and against rounding done in double arithmetic; the
 // whole-row conversions the CPU backends vectorise against plain references,
-// on every float32 bit pattern (the "large" case).
+// on every float32 bit pattern (the "large" case); and cpu-eigen's rows of each
+// storage type, rotated by the same cos and sin, against cpu-naive's bits.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -194,3 +195,37 @@ TEST_CASE("large: fp16 and bf16: whole-row rounding gives the references' bits f
     }
 }
 }  // TEST_SUITE("large")
+
+TEST_CASE("fp32, fp16 and bf16 rows: cpu-eigen gives cpu-naive's bits when both read the same cos and sin") {
+    // With a caller's cos/sin table both backends multiply the very same float32 numbers, so
+    // any difference is a rounding of cpu-eigen's own: a multiply fused with an add (FMA, one
+    // rounding instead of two) in one of its SIMD clones, or a conversion that rounds differently.
+    auto eigen = testing::backend_or_skip("cpu-eigen");
+    if (!eigen) return;
+    auto naive = rope::make_backend("cpu-naive");
+    std::uniform_real_distribution<float> entry(-1.0f, 1.0f);
+    for (rope::DType dtype : {rope::DType::f32, rope::DType::f16, rope::DType::bf16})
+        for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved})
+            for (int64_t rotary_dim : {128, 96})
+                for (bool in_place : {false, true}) {
+                    CAPTURE(rope::dtype_name(dtype));
+                    CAPTURE(int(style));
+                    CAPTURE(rotary_dim);
+                    CAPTURE(in_place);
+                    const rope::RopeConfig config{.head_dim = 128, .rotary_dim = rotary_dim, .style = style};
+                    testing::Call call =
+                        testing::make_call(config, dtype, rope::Layout::bhsd, {2, 4, 37, 128}, {2, 2, 37, 128});
+                    call.in_place = in_place;
+                    const int64_t rows = 37;  // positions 0..36
+                    call.table.resize(size_t(rows * rotary_dim));
+                    for (float& value : call.table) value = entry(testing::rng());
+                    call.table_rows = rows;
+                    call.table_cols = rotary_dim;
+                    call.table_row_stride = rotary_dim;
+                    testing::Call by_naive = call;
+                    testing::run(*eigen, call);
+                    testing::run(*naive, by_naive);
+                    CHECK(call.q_result().storage == by_naive.q_result().storage);
+                    CHECK(call.k_result().storage == by_naive.k_result().storage);
+                }
+}
