@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 
 #include "rope/backend.hpp"
@@ -87,7 +88,9 @@ CLI::Validator at_least(int least) {
         [least](std::string& text) {
             char* end = nullptr;
             const double value = std::strtod(text.c_str(), &end);
-            if (end == text.c_str() || value < least) return "must be >= " + std::to_string(least) + ", got " + text;
+            // NaN and infinity pass a plain `value < least` test (and would reach a size_t conversion).
+            if (end == text.c_str() || !std::isfinite(value) || value < least)
+                return "must be a finite number >= " + std::to_string(least) + ", got " + text;
             return std::string();
         },
         least == 0 ? "NONNEGATIVE" : "POSITIVE");

@@ -30,7 +30,7 @@ TEST_CASE("fp16: widening is exact for all 65536 bit patterns") {
 }
 
 TEST_CASE("fp16: rounding float32 to half matches the compiler (round to nearest even)") {
-    std::mt19937 rng(uint32_t(testing::seed()));
+    std::mt19937 rng{uint32_t(testing::seed())};
     CAPTURE(testing::seed());
     std::uniform_int_distribution<uint32_t> any_bits;
     int mismatches = 0;
@@ -55,7 +55,7 @@ TEST_CASE("fp16: rounding float32 to half matches the compiler (round to nearest
 }
 
 TEST_CASE("bf16: rounding keeps 8 significant bits, to nearest even") {
-    std::mt19937 rng(uint32_t(testing::seed()));
+    std::mt19937 rng{uint32_t(testing::seed())};
     std::uniform_real_distribution<float> value(-1000.f, 1000.f);
     for (int i = 0; i < 200000; ++i) {
         const float x = value(rng);
@@ -161,7 +161,7 @@ TEST_CASE("fp16 and bf16: whole-row rounding gives the references' bits on every
         0x7f7fffffu, 0x477fefffu, 0x477ff000u, 0x477fe000u, 0x47800000u,  // float max, around half's max 65504
         0x38800000u, 0x387fffffu, 0x33800000u, 0x33000000u, 0x33000001u, 0x32ffffffu,  // half's normal/subnormal edges
         0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0x3f800fffu, 0x3f801000u, 0x3f803000u};  // ties
-    std::mt19937 rng(uint32_t(testing::seed()));
+    std::mt19937 rng{uint32_t(testing::seed())};
     CAPTURE(testing::seed());
     std::uniform_int_distribution<uint32_t> any_bits;
     for (int i = 0; i < (1 << 24); ++i) patterns.push_back(any_bits(rng));

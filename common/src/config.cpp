@@ -109,16 +109,18 @@ void validate_multi_axis(const MultiAxis& multi_axis, int64_t rotary_dim, Scalin
     if (sections.empty() || int64_t(sections.size()) > kMaxPositionAxes)
         fail("multi_axis.sections.size()", sections.size(),
              "must be 1 to " + std::to_string(kMaxPositionAxes) + " for " + name);
+    const int64_t pairs = rotary_dim / 2;
+    const std::string sum_rule = "must equal rotary_dim/2 = " + std::to_string(pairs) + " (every rotated pair belongs to one axis)";
     int64_t sum = 0;
     for (size_t a = 0; a < sections.size(); ++a) {
         if (sections[a] <= 0)
             fail("multi_axis.sections[" + std::to_string(a) + "]", sections[a], "must be > 0 (pairs of that axis)");
+        // Stop as soon as the sum passes the pairs: summing on could overflow int64.
+        if (sections[a] > pairs - sum) fail("multi_axis.sections", "sum past " + std::to_string(pairs), sum_rule);
         sum += sections[a];
     }
-    const int64_t pairs = rotary_dim / 2;
     if (sum != pairs)
-        fail("multi_axis.sections", "sum " + std::to_string(sum),
-             "must equal rotary_dim/2 = " + std::to_string(pairs) + " (every rotated pair belongs to one axis)");
+        fail("multi_axis.sections", "sum " + std::to_string(sum), sum_rule);
     if (assignment == AxisAssignment::mrope_interleaved) {
         // Axis a (1 or 2) takes pairs a, a+3, ..., a+3*(sections[a]-1): all must be below rotary_dim/2.
         for (int64_t a = 1; a <= 2; ++a)

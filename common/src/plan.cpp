@@ -5,6 +5,7 @@
 // without reading this file.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -21,6 +22,21 @@ std::string shape_text(const std::array<int64_t, 4>& shape) {
     return text + "]";
 }
 
+// Whether a view's element count and the byte offset of its last element fit
+// in int64, as every backend (and numel()) computes them. Sizes and strides
+// that overflow describe no memory that could exist.
+bool addressable(const TensorView& view) {
+    for (int axis = 0; axis < 4; ++axis)
+        if (view.shape[axis] == 0) return true;  // no element to address
+    int64_t count = 1, last = 0, reach = 0, bytes = 0;
+    for (int axis = 0; axis < 4; ++axis)
+        if (__builtin_mul_overflow(count, view.shape[axis], &count) ||
+            __builtin_mul_overflow(view.shape[axis] - 1, view.strides[axis], &reach) ||
+            __builtin_add_overflow(last, reach, &last))
+            return false;
+    return !__builtin_add_overflow(last, 1, &last) && !__builtin_mul_overflow(last, dtype_size(view.dtype), &bytes);
+}
+
 // Checks one view on its own: sizes, strides, pointer, device, dtype.
 void check_view(const std::string& name, const TensorView& view, DType dtype, Device device) {
     for (int axis = 0; axis < 4; ++axis) {
@@ -31,8 +47,16 @@ void check_view(const std::string& name, const TensorView& view, DType dtype, De
     }
     if (view.layout == Layout::thd && view.shape[3] != 1)
         fail(name + ".shape[3]", view.shape[3], "must be 1 for a thd view ([total_tokens, heads, head_dim])");
+    if (!addressable(view))
+        fail(name + ".shape", shape_text(view.shape),
+             "with strides " + shape_text(view.strides) + ": its element count or offsets overflow 64 bits");
     if (view.numel() == 0) return;  // An empty view may have any pointer, device or dtype.
     if (view.data == nullptr) fail(name + ".data", "null", "a non-empty tensor needs memory");
+    // Backends read elements as their type: a pointer between elements is undefined behaviour.
+    if (reinterpret_cast<uintptr_t>(view.data) % uintptr_t(dtype_size(view.dtype)) != 0)
+        fail(name + ".data", view.data,
+             "must be aligned to " + std::to_string(dtype_size(view.dtype)) + " bytes (the size of a " +
+                 std::string(dtype_name(view.dtype)) + " element)");
     if (view.device != device)
         fail(name + ".device", device_name(view.device),
              "this backend runs on " + std::string(device_name(device)));
@@ -74,12 +98,17 @@ Extent extent_of(const TensorView& view) {
 }
 
 // Byte range of a caller's cos/sin table (empty when there is none or it is malformed;
-// check_table names those).
+// check_table names those, except a size that overflows 64 bits, named here).
 Extent extent_of(const CosSinCache& cache) {
     if (cache.data == nullptr || cache.rows <= 0 || cache.cols <= 0) return {};
     const int64_t row_stride = std::max(cache.row_stride, cache.cols);
+    int64_t elements = 0, bytes = 0;
+    if (__builtin_mul_overflow(cache.rows - 1, row_stride, &elements) ||
+        __builtin_add_overflow(elements, cache.cols, &elements) || __builtin_mul_overflow(elements, int64_t(4), &bytes))
+        fail("cos_sin_cache.rows", cache.rows,
+             "with row_stride " + std::to_string(row_stride) + ": the table's size overflows 64 bits");
     const auto begin = reinterpret_cast<uintptr_t>(cache.data);
-    return {begin, begin + static_cast<uintptr_t>(((cache.rows - 1) * row_stride + cache.cols) * 4)};
+    return {begin, begin + static_cast<uintptr_t>(bytes)};
 }
 
 bool overlaps(const Extent& x, const Extent& y) {
@@ -153,6 +182,17 @@ struct PositionFacts {
     int64_t largest = -1;      // Largest position when rope can see every one (host arrays, offsets), else -1.
 };
 
+// End of @p count consecutive positions from @p first on each of @p shards
+// context-parallel ranks: first + count * shards, the call's max_position.
+// It must fit in int64, as must every position the backends compute below it.
+int64_t positions_end(const std::string& name, int64_t first, int64_t count, int64_t shards) {
+    int64_t span = 0, end = 0;
+    if (__builtin_mul_overflow(count, shards, &span) || __builtin_add_overflow(first, span, &end))
+        fail(name, first,
+             "its " + std::to_string(count) + " x " + std::to_string(shards) + " positions would pass 2^63 - 1");
+    return end;
+}
+
 // Explicit ids: [axes, rows, length], int64.
 void check_ids(const Positions& positions, int64_t batch, int64_t seq, int64_t config_axes, PositionFacts& facts) {
     if (positions.axes != config_axes)
@@ -176,7 +216,7 @@ void check_ids(const Positions& positions, int64_t batch, int64_t seq, int64_t c
     }
     // As HF's dynamic and longrope updates: max(position_ids) + 1, whatever seq is
     // (M-RoPE ids of an image advance more slowly than its tokens).
-    facts.max_position = facts.largest + 1;
+    facts.max_position = facts.largest < 0 ? 0 : positions_end("positions.ids", facts.largest, 1, 1);
 }
 
 // Packed sequences: cu_seqlens [sequences + 1] over the seq axis of a batch-1 tensor.
@@ -191,11 +231,12 @@ void check_packed(const Positions& positions, int64_t batch, int64_t seq, Positi
     const int64_t* cu = positions.cu_seqlens;
     if (cu[0] != 0) fail("positions.cu_seqlens[0]", cu[0], "must be 0");
     for (int64_t b = 0; b < positions.sequences; ++b) {
-        const int64_t length = cu[b + 1] - cu[b];
         const std::string entry = "positions.cu_seqlens[" + std::to_string(b + 1) + "]";
-        if (length < 0)
+        // Compared before subtracting: with the entries so far in [0, seq], the difference cannot overflow.
+        if (cu[b + 1] < cu[b])
             fail(entry, cu[b + 1], "must be >= cu_seqlens[" + std::to_string(b) + "] = " + std::to_string(cu[b]) +
                                        " (non-decreasing)");
+        const int64_t length = cu[b + 1] - cu[b];
         if (cu[b + 1] > seq) fail(entry, cu[b + 1], "must be <= total tokens = " + std::to_string(seq));
         if (positions.cp_size > 1 && length % 2 != 0)
             fail("sequence " + std::to_string(b) + " length", length,
@@ -205,8 +246,11 @@ void check_packed(const Positions& positions, int64_t batch, int64_t seq, Positi
             fail("positions.starts[" + std::to_string(b) + "]", start, "must be >= 0");
         if (length == 0) continue;
         // The unsharded sequence is cp_size times as long: its last position is what HF's max sees.
-        facts.max_position = std::max(facts.max_position, start + length * positions.cp_size);
-        facts.largest = std::max(facts.largest, start + length * positions.cp_size - 1);
+        const int64_t end = positions_end(positions.starts != nullptr ? "positions.starts[" + std::to_string(b) + "]"
+                                                                      : std::string("positions.offset"),
+                                          start, length, positions.cp_size);
+        facts.max_position = std::max(facts.max_position, end);
+        facts.largest = std::max(facts.largest, end - 1);
     }
     if (cu[positions.sequences] != seq)
         fail("positions.cu_seqlens[" + std::to_string(positions.sequences) + "]", cu[positions.sequences],
@@ -248,7 +292,7 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
         if (positions.cp_size > 1 && seq % 2 != 0)
             fail("seq", seq, "must be even with cp_size > 1 (this rank holds two equal chunks of each sequence)");
         // The unsharded sequence is cp_size times as long.
-        facts.max_position = positions.offset + seq * positions.cp_size;
+        facts.max_position = positions_end("positions.offset", positions.offset, seq, positions.cp_size);
         facts.largest = seq > 0 ? facts.max_position - 1 : -1;
     }
     if (arrays && positions.device != Device::host) {
@@ -271,6 +315,8 @@ CosSinTable check_table(const CosSinCache& cache, const RopeConfig& config, int6
     if (cache.dtype != DType::f32)
         fail("cos_sin_cache.dtype", dtype_name(cache.dtype), "must be fp32 (fp16/bf16 tables lose accuracy)");
     check_device("cos_sin_cache.device", cache.device, device);
+    if (reinterpret_cast<uintptr_t>(cache.data) % 4 != 0)
+        fail("cos_sin_cache.data", cache.data, "must be aligned to 4 bytes (the size of an fp32 element)");
     if (cache.rows <= 0) fail("cos_sin_cache.rows", cache.rows, "must be > 0");
     if (cache.cols != rotary_dim)
         fail("cos_sin_cache.cols", cache.cols,
@@ -287,6 +333,30 @@ CosSinTable check_table(const CosSinCache& cache, const RopeConfig& config, int6
         fail("positions", "largest " + std::to_string(largest),
              "must be < cos_sin_cache.rows = " + std::to_string(cache.rows) + " (the table has no row for it)");
     return CosSinTable{static_cast<const float*>(cache.data), cache.rows, row_stride, rotary_dim / 2};
+}
+
+// The angles a call computes must exist in float32. A base or a scaling factor
+// that is valid on its own (finite, > 0) can still give a theta_i that float32
+// cannot hold (base 1e-45: theta_i = 1e45^(2i/d)), or an angle
+// float32(position) * theta_i past its range at this call's largest position
+// (known for host positions): either would rotate by NaN. A caller's table
+// replaces the angles, so then nothing is checked.
+void check_angles(const FrequencyTable& frequencies, const RopeConfig& config, int64_t largest, bool table) {
+    if (table) return;
+    // The base as fail() prints numbers (1e-45, not std::to_string's 0.000000).
+    const std::string source = "(from base = " + to_text(config.base) + " and scaling " +
+                               std::string(scaling_type_name(config.scaling.type)) + ")";
+    float largest_theta = 0.0f;
+    for (size_t i = 0; i < frequencies.inv_freq.size(); ++i) {
+        if (!std::isfinite(frequencies.inv_freq[i]))
+            fail("theta_" + std::to_string(i), frequencies.inv_freq[i], "is not finite in float32 " + source);
+        largest_theta = std::max(largest_theta, frequencies.inv_freq[i]);
+    }
+    if (!std::isfinite(frequencies.attention_factor))
+        fail("attention factor", frequencies.attention_factor, "is not finite in float32 " + source);
+    if (!config.precise_angles && largest > 0 && !std::isfinite(static_cast<float>(largest) * largest_theta))
+        fail("positions", "largest " + std::to_string(largest),
+             "times the largest theta " + source + " overflows float32");
 }
 
 }  // namespace
@@ -329,8 +399,13 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device) {
     plan.q = Operand{args.q.data, args.q_out.data, q, args.q_out.geometry()};
     plan.k = Operand{args.k.data, args.k_out.data, k, args.k_out.geometry()};
     plan.positions = facts.source;
+    plan.stream = args.stream;
+    // An empty call is a valid no-op that no backend runs: it gets no angles
+    // (for a huge head_dim the frequency table alone would take gigabytes).
+    if (plan.empty()) return plan;
 
     FrequencyTable frequencies = detail::build_frequency_table(config, facts.max_position);
+    check_angles(frequencies, config, facts.largest, table.data != nullptr);
     plan.angles.inv_freq = std::move(frequencies.inv_freq);
     plan.angles.inv_freq_low = std::move(frequencies.inv_freq_low);
     plan.angles.pair_axis = std::move(frequencies.pair_axis);
@@ -340,7 +415,6 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device) {
     const float scale = table.data != nullptr ? 1.0f : frequencies.attention_factor;
     plan.angles.cos_scale = scale;
     plan.angles.sin_scale = (args.direction == Direction::forward ? 1.0f : -1.0f) * scale;
-    plan.stream = args.stream;
     return plan;
 }
 

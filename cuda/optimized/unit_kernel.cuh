@@ -21,9 +21,10 @@
 ///     per thread, through the shared token_positions and rotation_factors.
 ///  3. Bytes in flight. DRAM answers after about a microsecond; to keep the
 ///     memory busy each SM needs tens of kilobytes requested at once. A thread
-///     loads a batch of rows before it uses the first; with a software
-///     pipeline it issues the next batch's loads before it computes the
-///     current one; and it issues its first loads before computing sincosf.
+///     loads a batch of rows before it uses the first (4 rows when the work
+///     fills the GPU), or, with a software pipeline (small calls, where a
+///     thread has few rows), issues the next batch's loads before it computes
+///     the current one; and it issues its first loads before computing sincosf.
 ///  4. A grid shaped for both regimes. Long sequences: many short-lived
 ///     blocks, several waves over all SMs, so the tail is short. Decode (one
 ///     token, many heads): the heads are split over many small blocks, so the

@@ -38,7 +38,8 @@ struct BackendOptions {
 ///
 /// Concurrency: every built-in backend object may be called from several
 /// threads at once (it keeps no state between calls that another call could
-/// disturb); the registry functions may be called concurrently too.
+/// disturb); the registry functions may be called concurrently too. The rules,
+/// and how they are tested: @ref api_guide_concurrency.
 class Backend {
 public:
     virtual ~Backend() = default;

@@ -109,8 +109,13 @@ struct TensorView {
     Geometry geometry() const;
 
     /// @brief Number of elements.
-    /// @return the product of the four sizes (0 for an empty view; a thd view's shape[3] is 1).
-    int64_t numel() const { return shape[0] * shape[1] * shape[2] * shape[3]; }
+    /// @return the product of the four sizes (0 for an empty view, whatever its
+    /// other sizes; a thd view's shape[3] is 1).
+    int64_t numel() const {
+        // An empty view's other sizes may be anything, even 2^63 - 1: never multiply them.
+        if (shape[0] == 0 || shape[1] == 0 || shape[2] == 0 || shape[3] == 0) return 0;
+        return shape[0] * shape[1] * shape[2] * shape[3];
+    }
 };
 
 }  // namespace rope

@@ -146,7 +146,8 @@ struct Plan {
 /// @param config the model's RoPE (validated first, as validate() does).
 /// @param args the tensors, positions, direction, table and stream of the call.
 /// @param device where the backend runs: every non-empty tensor and position array must live there.
-/// @return the plan, with its frequency table computed for the call's largest position.
+/// @return the plan, with its frequency table computed for the call's largest position
+/// (an empty call, which no backend runs, gets none).
 /// @throws rope::Error naming the first offending parameter and its value.
 Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device);
 
