@@ -11,7 +11,8 @@
 //      instruction (SIMD). fp16/bf16 rows are widened to float32, rotated and
 //      rounded back by plain loops without branches that the compiler
 //      vectorises, compiled for SSE2, AVX2 and AVX-512 (the processor picks);
-//      strided views take a generic gather/scatter path.
+//      fp16 rows use the processor's own conversion instructions where it
+//      has them (F16C). Strided views take a generic gather/scatter path.
 //   2. cos/sin are computed once per (position, pair), by all threads
 //      together and several pairs per instruction, into one table that every
 //      head of q and k then reads (and every sequence, when they share
@@ -25,6 +26,9 @@
 #include <omp.h>
 
 #include <Eigen/Core>
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>  // F16C's conversions (rotate_f16c).
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -173,6 +177,17 @@ constexpr int64_t kMaxWidenedDim = 1024;
 #define ROPE_WIDEST_SIMD
 #endif
 
+// The middle step of the widened kernels below: the shared rotate_pair on
+// every pair of a contiguous float32 row. Inlined, so that it is compiled
+// (and vectorised) for each caller's instruction set.
+template <Style kStyle>
+EIGEN_ALWAYS_INLINE void rotate_float_row(float* row, const float* cos, const float* sin, RowShape shape) {
+    for (int64_t i = 0; i < shape.pairs; ++i) {
+        const PairIndex pair = pair_elements(kStyle, shape.rotary_dim, i);
+        rotate_pair(row[pair.first], row[pair.second], cos[i], sin[i]);
+    }
+}
+
 // Contiguous fp16/bf16 rows: widen the rotary features into a float32 row,
 // rotate it, and round it back. Three plain loops, with no branch, that the
 // compiler vectorises (the conversions are rope/dtype.hpp's, the rotation is
@@ -184,15 +199,61 @@ ROPE_WIDEST_SIMD void rotate_widened(Row<const Storage> in, Row<Storage> out, co
     float row[kMaxWidenedDim];
     const int64_t rotary_dim = shape.rotary_dim;
     convert_to_float(in.data, rotary_dim, row);
-    for (int64_t i = 0; i < shape.pairs; ++i) {
-        const PairIndex pair = pair_elements(kStyle, rotary_dim, i);
-        rotate_pair(row[pair.first], row[pair.second], cos[i], sin[i]);
-    }
+    rotate_float_row<kStyle>(row, cos, sin, shape);
     convert_from_float(row, rotary_dim, out.data);
     // Partial rotary: features past rotary_dim are copied through as stored.
     if (out.data == in.data) return;
     for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d] = in.data[d];
 }
+
+// fp16 rows on a processor that converts half floats itself (F16C, here with
+// AVX2: x86-64 processors since 2013 or 2015). One instruction widens eight halves
+// (vcvtph2ps) and one rounds eight floats to nearest, ties to even
+// (vcvtps2ph): the same values as rope/dtype.hpp's bit arithmetic, which
+// takes tens of instructions for the same eight. fp16 rows spend more time in
+// that arithmetic than in waiting for memory: on one core of the 2-core VM
+// this was tuned on, a row in cache cost 0.53 ns per element with the bit
+// arithmetic and 0.31 with these instructions.
+//
+// The instructions differ from rope::to_float16 on NaN only: they keep the
+// NaN's payload bits, rope gives every NaN as sign | 0x7e00; the rounding
+// loop puts rope's NaN back (checked on all 2^32 floats), so the results are
+// rotate_widened's bits. (Widening also quiets a signalling NaN, as the
+// rotation's first multiply does anyway. Where both terms of x*c - y*s are
+// NaN, the result's sign is whichever NaN the compiled code keeps: IEEE 754
+// leaves it open, and two compilations of one loop may keep different ones.)
+#if defined(__GNUC__) && defined(__x86_64__)
+#define ROPE_HAVE_F16C_KERNEL 1
+template <Style kStyle>
+__attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row<float16> out, const float* cos,
+                                                     const float* sin, RowShape shape) {
+    float row[kMaxWidenedDim];
+    const int64_t rotary_dim = shape.rotary_dim;
+    const int64_t whole = rotary_dim - rotary_dim % 8;  // Features in groups of eight.
+    for (int64_t d = 0; d < whole; d += 8) {
+        const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in.data + d));
+        _mm256_storeu_ps(row + d, _mm256_cvtph_ps(halves));
+    }
+    convert_to_float(in.data + whole, rotary_dim - whole, row + whole);
+
+    rotate_float_row<kStyle>(row, cos, sin, shape);
+
+    const __m128i magnitude_bits = _mm_set1_epi16(0x7fff), sign_bit = _mm_set1_epi16(int16_t(0x8000));
+    const __m128i infinity = _mm_set1_epi16(0x7c00), quiet_nan = _mm_set1_epi16(0x7e00);
+    for (int64_t d = 0; d < whole; d += 8) {
+        __m128i halves = _mm256_cvtps_ph(_mm256_loadu_ps(row + d), _MM_FROUND_TO_NEAREST_INT);
+        // A half is a NaN when its magnitude is above infinity's; it becomes sign | 0x7e00.
+        const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(halves, magnitude_bits), infinity);
+        const __m128i rope_nan = _mm_or_si128(_mm_and_si128(halves, sign_bit), quiet_nan);
+        halves = _mm_or_si128(_mm_andnot_si128(nan, halves), _mm_and_si128(nan, rope_nan));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out.data + d), halves);
+    }
+    convert_from_float(row + whole, rotary_dim - whole, out.data + whole);
+    // Partial rotary: features past rotary_dim are copied through as stored.
+    if (out.data == in.data) return;
+    for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d] = in.data[d];
+}
+#endif
 
 // A row kernel with style, storage and stride case fixed at compile time.
 template <typename Storage>
@@ -205,6 +266,13 @@ template <typename Storage>
 RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand, int64_t rotary_dim) {
     const bool contiguous = operand.in_geometry.stride_dim == 1 && operand.out_geometry.stride_dim == 1;
     if constexpr (!std::is_same_v<Storage, float>) {
+#ifdef ROPE_HAVE_F16C_KERNEL
+        if constexpr (std::is_same_v<Storage, float16>) {
+            if (contiguous && rotary_dim <= kMaxWidenedDim && __builtin_cpu_supports("avx2") &&
+                __builtin_cpu_supports("f16c"))
+                return style == Style::half_split ? rotate_f16c<Style::half_split> : rotate_f16c<Style::interleaved>;
+        }
+#endif
         if (contiguous && rotary_dim <= kMaxWidenedDim)
             return style == Style::half_split ? rotate_widened<Storage, Style::half_split>
                                               : rotate_widened<Storage, Style::interleaved>;
@@ -259,8 +327,7 @@ void fill_trig_row(const Plan& plan, const Slab& slab, int64_t t, float* cos, fl
 // ---------------------------------------------------------------------------
 
 // Bytes of cos + sin for one slab (4096 tokens at head_dim 128). The table is
-// shared by all threads and read once per head, from L2 or L3; a long
-// sequence is done slab after slab.
+// shared by all threads; a long sequence is done slab after slab.
 //
 // Filling it is the one part of a call with no memory traffic: at
 // [1, 32, 4096, 128] (64 heads share each position) it is still a tenth of an
@@ -271,12 +338,18 @@ void fill_trig_row(const Plan& plan, const Slab& slab, int64_t t, float* cos, fl
 constexpr int64_t kSlabTableBytes = 2 * 1024 * 1024;
 // Bytes of table per block of tokens when a token's heads are adjacent in
 // memory ([b, s, h, d]: 128 tokens at head_dim 128): it stays in L2 while the
-// block's rows of every head stream by. Where a head's tokens are adjacent
-// ([b, h, s, d]) a block is the whole slab instead: each head is then one
-// unbroken stream of memory, which measured 8 to 15% faster here than 64 KiB
-// blocks (four heads' streams interleaved, each broken every 64 KiB), although
-// the table is then read from L3 once per head.
+// block's rows of every head stream by.
 constexpr int64_t kBlockTableBytes = 64 * 1024;
+// Heads walked side by side, token by token, where a head's tokens are
+// adjacent ([b, h, s, d]); a block is then the whole slab. Each token's cos/sin
+// row is read from L1 by all of them, and each thread keeps this many streams
+// of memory going. On the 2-core VM this was tuned on, in place at fp32, four
+// reached 103 to 122% of the read-modify-write ceiling in alternating runs
+// against 84 to 89% for one head at a time (each head one unbroken stream,
+// but its table row read from L2 or L3 for every row), and two or eight
+// heads 80 to 103%. (More than 100%: a thread streaming four regions at once
+// gets more from this VM's memory than the one-stream ceiling loop.)
+constexpr int64_t kHeadsSideBySide = 4;
 // Stretches per thread: enough that an uneven last stretch costs little.
 constexpr int64_t kStretchesPerThread = 8;
 // Bytes per cache line (x86-64 and most ARM cores): the unit of prefetching.
@@ -298,6 +371,7 @@ constexpr int64_t kMinBytesPerThread = 256 * 1024;
 // for [b, s, h, d] (a token's heads adjacent) blocks of tokens vary slowest,
 // so threads split the tokens. Two threads streaming two separate regions
 // measured 10 to 20% faster here than both hopping over the same heads.
+// Within a stretch rows are always walked token by token (RowWalk).
 struct WorkSplit {
     int64_t position_rows = 1;     // Distinct rows of positions: 1 (shared) or batch.
     int64_t owners = 0;            // Owners per position row: sequences sharing it * (q + k heads).
@@ -330,9 +404,10 @@ WorkSplit split_work(const Plan& plan, int64_t threads) {
     // Enough stretches for every thread, cut from whichever axis comes first.
     const int64_t target_stretches = threads * kStretchesPerThread;
     if (split.heads_outer) {
-        // Heads first; the slab is cut into blocks only when there are too few
-        // heads for the threads (see kBlockTableBytes).
-        split.owner_groups = std::min(split.owners, target_stretches);
+        // Heads first, kHeadsSideBySide per group at most; the slab is cut into
+        // blocks only when there are too few heads for the threads.
+        split.owner_groups = std::max(std::min(split.owners, target_stretches),
+                                      (split.owners + kHeadsSideBySide - 1) / kHeadsSideBySide);
         const int64_t blocks = std::clamp<int64_t>((target_stretches + split.owners - 1) / split.owners, 1, split.slab_tokens);
         split.block_tokens = (split.slab_tokens + blocks - 1) / blocks;
     } else {
@@ -349,8 +424,6 @@ template <typename Storage>
 struct HeadRow {
     Row<const Storage> in;
     Row<Storage> out;
-    int64_t next_token_in;   // stride_seq: from this row to the same head's next token.
-    int64_t next_token_out;
     int64_t prefetch_bytes;  // Bytes of the row to prefetch; 0 for strided rows.
     RowKernel<Storage> kernel;
 
@@ -368,11 +441,11 @@ struct HeadRow {
     }
 };
 
-// The rows of one stretch, in the order a thread visits them.
-//
-// Memory is visited in its own order: for [b, h, s, d] each owner's tokens
-// are walked before the next owner (the next row is just one stride further);
-// for [b, s, h, d] each token's owners are walked before the next token.
+// The rows of one stretch, in the order a thread visits them: token by token,
+// and each token's owners in order, so that a token's cos/sin row is read
+// once from the table and then from L1. For [b, s, h, d] that is memory's
+// own order (a token's heads are adjacent); for [b, h, s, d] the stretch's few
+// heads (kHeadsSideBySide) advance side by side, each its own stream.
 template <typename Storage>
 class RowWalk {
 public:
@@ -387,8 +460,7 @@ public:
 
     RowWalk(const Plan& plan, const RowKernel<Storage> (&kernels)[2], const WorkSplit& split, const Slab& slab,
             int64_t stretch)
-        : plan_(plan), kernels_(kernels), heads_(plan.q.in_geometry.heads + plan.k.in_geometry.heads),
-          tokens_inner_(split.heads_outer) {
+        : plan_(plan), kernels_(kernels), heads_(plan.q.in_geometry.heads + plan.k.in_geometry.heads) {
         const int64_t blocks = split.blocks(slab);
         const int64_t block = split.heads_outer ? stretch % blocks : stretch / split.owner_groups;
         const int64_t group = split.heads_outer ? stretch / blocks : stretch % split.owner_groups;
@@ -413,28 +485,13 @@ public:
 
     // Steps @p cursor to the next row; only call it when there is one.
     void advance(Cursor& cursor) const {
-        if (tokens_inner_) {
-            if (++cursor.token < tokens_) {
-                // Same head, next token: one stride on, no address arithmetic.
-                cursor.row.in.data += cursor.row.next_token_in;
-                cursor.row.out.data += cursor.row.next_token_out;
-                return;
-            }
-            cursor.token = 0;
-            next_owner(cursor);
-        } else {
-            next_owner(cursor);
-            if (cursor.owner == owners_) cursor = {first_sequence_, first_head_, 0, cursor.token + 1, {}};
-        }
+        ++cursor.owner;
+        if (++cursor.head == heads_) cursor.head = 0, ++cursor.sequence;
+        if (cursor.owner == owners_) cursor = {first_sequence_, first_head_, 0, cursor.token + 1, {}};
         cursor = with_row(cursor);
     }
 
 private:
-    void next_owner(Cursor& cursor) const {
-        ++cursor.owner;
-        if (++cursor.head == heads_) cursor.head = 0, ++cursor.sequence;
-    }
-
     // Fills in the addresses of the cursor's row.
     Cursor with_row(Cursor cursor) const {
         const int64_t q_heads = plan_.q.in_geometry.heads;
@@ -447,8 +504,6 @@ private:
         const bool contiguous = in.stride_dim == 1 && out.stride_dim == 1;
         cursor.row = {{static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0), in.stride_dim},
                       {static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0), out.stride_dim},
-                      in.stride_seq,
-                      out.stride_seq,
                       contiguous ? plan_.head_dim * int64_t(sizeof(Storage)) : 0,
                       kernels_[is_q ? 0 : 1]};
         return cursor;
@@ -457,7 +512,6 @@ private:
     const Plan& plan_;
     const RowKernel<Storage> (&kernels_)[2];  // For q's rows and for k's.
     int64_t heads_;                  // q heads + k heads: owners per sequence.
-    bool tokens_inner_;              // Walk an owner's tokens before the next owner.
     int64_t first_sequence_ = 0;     // Sequence of the stretch's first owner.
     int64_t first_head_ = 0;         // Its head.
     int64_t owners_ = 0;             // Owners in the stretch.
