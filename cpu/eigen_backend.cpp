@@ -20,7 +20,8 @@
 //   3. OpenMP threads each stream one contiguous stretch of memory (a range of
 //      heads, or of tokens, whichever is contiguous in the layout), also when
 //      decoding a single token, and prefetch the rows they rotate next;
-//      large outputs of an out-of-place call are written with streaming stores.
+//      large float32 outputs of an out-of-place call are written with
+//      streaming stores.
 //
 // Read top to bottom: the row kernels, the cos/sin table, the work split and
 // the walk over rows, and the backend that ties them together.
@@ -378,7 +379,10 @@ constexpr int64_t kStreamingOutputBytes = 32 * 1024 * 1024;
 // without reading them, and without keeping them in the cache. Out of place at
 // [1, 32, 4096, 128] and [8, 32, 1024, 128] fp32 this measured 68-73% and
 // 77-79% of the ceiling here, against 50% and 61-65% with ordinary stores
-// (alternating runs on the 2-core VM). Other processors than x86-64: memcpy.
+// (alternating runs on the 2-core VM). fp16 and bf16 rows do not use it: they
+// are bound by their conversions more than by memory, and the extra pass
+// through the buffer cost them about 5 points of the ceiling (bench-cpu
+// runs with and without it). Other processors than x86-64: memcpy.
 void stream_to_memory(const void* from, void* to, int64_t bytes) {
 #if defined(__GNUC__) && defined(__x86_64__)
     const char* source = static_cast<const char*>(from);
@@ -613,12 +617,12 @@ private:
                                                pick_row_kernel<Storage>(plan.style, plan.k, plan.rotary_dim)};
         const RowShape shape{plan.pairs, plan.rotary_dim, plan.head_dim};
         const int64_t slabs = split.position_rows * split.slabs_per_row;
-        // Large out-of-place calls stream their rows out (see stream_to_memory):
-        // each row is rotated into a buffer in L1, then written whole.
+        // Large out-of-place float32 calls stream their rows out (see
+        // stream_to_memory): each row is rotated into a buffer in L1, then written whole.
         const bool contiguous_outputs = plan.q.out_geometry.stride_dim == 1 && plan.k.out_geometry.stride_dim == 1;
         const int64_t output_bytes = (plan.q.out_geometry.numel() + plan.k.out_geometry.numel()) * int64_t(sizeof(Storage));
-        const bool streaming = plan.q.out != plan.q.in && contiguous_outputs && plan.head_dim <= kMaxWidenedDim &&
-                               output_bytes >= kStreamingOutputBytes;
+        const bool streaming = std::is_same_v<Storage, float> && plan.q.out != plan.q.in && contiguous_outputs &&
+                               plan.head_dim <= kMaxWidenedDim && output_bytes >= kStreamingOutputBytes;
 
 #pragma omp parallel num_threads(team)
         {
