@@ -1,30 +1,40 @@
 // cpu-eigen: RoPE as Eigen array expressions on OpenMP threads.
 //
-// It computes exactly what cpu-naive computes (the same angle from the shared
-// pair_angle, the same std::cos/std::sin, the same rotation), only faster.
+// It computes what cpu-naive computes (the same angle from the shared
+// pair_angle, the same rotation), only faster; its cos and sin come from
+// Eigen's SIMD routines, within 2 float32 ulps of cpu-naive's std::cos/std::sin.
 // RoPE does a handful of flops per element against 8 bytes moved (fp32, read
 // and written), so it is bound by memory bandwidth; speed comes from keeping
 // the memory system busy all the time, with as little work as possible:
 //
 //   1. A head row is rotated as Eigen fixed-size arrays, several pairs per
-//      instruction (SIMD); fp16/bf16 rows are widened to float32 first, and
-//      strided views take a generic gather/scatter path.
+//      instruction (SIMD). fp16/bf16 rows are widened to float32, rotated and
+//      rounded back by plain loops without branches that the compiler
+//      vectorises, compiled for SSE2, AVX2 and AVX-512 (the processor picks);
+//      fp16 rows use the processor's own conversion instructions where it
+//      has them (F16C). Strided views take a generic gather/scatter path.
 //   2. cos/sin are computed once per (position, pair), by all threads
-//      together, into one table that every head of q and k then reads (and
-//      every sequence, when they share positions); cpu-naive recomputes them
-//      per head.
+//      together and several pairs per instruction, into one table that every
+//      head of q and k then reads (and every sequence, when they share
+//      positions); cpu-naive recomputes them per head.
 //   3. OpenMP threads each stream one contiguous stretch of memory (a range of
 //      heads, or of tokens, whichever is contiguous in the layout), also when
-//      decoding a single token, and prefetch the rows they rotate next.
+//      decoding a single token, and prefetch the rows they rotate next;
+//      large float32 outputs of an out-of-place call are written with
+//      streaming stores.
 //
-// Read top to bottom: the row kernel, the cos/sin table, the work split and
+// Read top to bottom: the row kernels, the cos/sin table, the work split and
 // the walk over rows, and the backend that ties them together.
 #include <omp.h>
 
 #include <Eigen/Core>
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>  // F16C's conversions (rotate_f16c), streaming stores (stream_to_memory).
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -123,29 +133,8 @@ struct RowShape {
     int64_t head_dim;    // Features per row; those past rotary_dim pass through.
 };
 
-template <typename Storage, Style kStyle, bool kUnitStride>
-void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin, RowShape shape);
-
-// Longest rotary part a contiguous fp16/bf16 row may have to be widened on the stack.
-constexpr int64_t kMaxWidenedDim = 1024;
-
-// Contiguous fp16/bf16 rows: widen the rotary features into a float32 row,
-// rotate that with the float32 kernel, and round it back. Converting a whole
-// run in one plain loop lets the compiler vectorise it (for bf16 the
-// conversions are shifts and masks), where converting pair by pair would not.
-template <typename Storage, Style kStyle>
-void rotate_widened(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin, RowShape shape) {
-    float row[kMaxWidenedDim];
-    const int64_t rotary_dim = shape.rotary_dim;
-    for (int64_t d = 0; d < rotary_dim; ++d) row[d] = to_float(in.data[d]);
-    rotate_row<float, kStyle, true>({row, 1}, {row, 1}, cos, sin, {shape.pairs, rotary_dim, rotary_dim});
-    for (int64_t d = 0; d < rotary_dim; ++d) out.data[d] = from_float<Storage>(row[d]);
-    // Partial rotary: features past rotary_dim are copied through as stored.
-    if (out.data == in.data) return;
-    for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d] = in.data[d];
-}
-
-// Rotates one head row by the angles whose (scaled, signed) cos and sin are given per pair.
+// Rotates one head row by the angles whose (scaled, signed) cos and sin are
+// given per pair: the kernel for float32 rows and for strided rows of any type.
 //
 // In place is safe because a block is loaded completely (both x and y) into
 // registers before any of it is stored; no scratch copy of the row is needed.
@@ -153,9 +142,6 @@ void rotate_widened(Row<const Storage> in, Row<Storage> out, const float* cos, c
 // reload it after every store, in case the row's memory aliased it.
 template <typename Storage, Style kStyle, bool kUnitStride>
 void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin, RowShape shape) {
-    if constexpr (!std::is_same_v<Storage, float> && kUnitStride) {
-        if (shape.rotary_dim <= kMaxWidenedDim) return rotate_widened<Storage, kStyle>(in, out, cos, sin, shape);
-    }
     const int64_t pairs = shape.pairs, rotary_dim = shape.rotary_dim;
     int64_t i = 0;
     for (; i + kLanes <= pairs; i += kLanes) {
@@ -182,15 +168,118 @@ void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const
     for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d * out.stride] = in.data[d * in.stride];
 }
 
+// Longest rotary part a contiguous fp16/bf16 row may have to be widened on the stack.
+constexpr int64_t kMaxWidenedDim = 1024;
+
+// Compiled several times, for SSE2 (any x86-64), AVX2 and AVX-512; the
+// program picks the widest the processor has when it starts (GCC's
+// target_clones). A plain loop is then 4, 8 or 16 floats per instruction.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define ROPE_WIDEST_SIMD __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
+#else
+#define ROPE_WIDEST_SIMD
+#endif
+
+// The middle step of the widened kernels below: the shared rotate_pair on
+// every pair of a contiguous float32 row. Inlined, so that it is compiled
+// (and vectorised) for each caller's instruction set.
+template <Style kStyle>
+EIGEN_ALWAYS_INLINE void rotate_float_row(float* row, const float* cos, const float* sin, RowShape shape) {
+    for (int64_t i = 0; i < shape.pairs; ++i) {
+        const PairIndex pair = pair_elements(kStyle, shape.rotary_dim, i);
+        rotate_pair(row[pair.first], row[pair.second], cos[i], sin[i]);
+    }
+}
+
+// Contiguous fp16/bf16 rows: widen the rotary features into a float32 row,
+// rotate it, and round it back. Three plain loops, with no branch, that the
+// compiler vectorises (the conversions are rope/dtype.hpp's, the rotation is
+// the shared rotate_pair); converting pair by pair inside the rotation would
+// leave them scalar.
+template <typename Storage, Style kStyle>
+ROPE_WIDEST_SIMD void rotate_widened(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin,
+                                     RowShape shape) {
+    float row[kMaxWidenedDim];
+    const int64_t rotary_dim = shape.rotary_dim;
+    convert_to_float(in.data, rotary_dim, row);
+    rotate_float_row<kStyle>(row, cos, sin, shape);
+    convert_from_float(row, rotary_dim, out.data);
+    // Partial rotary: features past rotary_dim are copied through as stored.
+    if (out.data == in.data) return;
+    for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d] = in.data[d];
+}
+
+// fp16 rows on a processor that converts half floats itself (F16C, here with
+// AVX2: x86-64 processors since 2013 or 2015). One instruction widens eight halves
+// (vcvtph2ps) and one rounds eight floats to nearest, ties to even
+// (vcvtps2ph): the same values as rope/dtype.hpp's bit arithmetic, which
+// takes tens of instructions for the same eight. fp16 rows spend more time in
+// that arithmetic than in waiting for memory: on one core of the 2-core VM
+// this was tuned on, a row in cache cost 0.53 ns per element with the bit
+// arithmetic and 0.31 with these instructions.
+//
+// The instructions differ from rope::to_float16 on NaN only: they keep the
+// NaN's payload bits, rope gives every NaN as sign | 0x7e00; the rounding
+// loop puts rope's NaN back (checked on all 2^32 floats), so the results are
+// rotate_widened's bits. (Widening also quiets a signalling NaN, as the
+// rotation's first multiply does anyway. Where both terms of x*c - y*s are
+// NaN, the result's sign is whichever NaN the compiled code keeps: IEEE 754
+// leaves it open, and two compilations of one loop may keep different ones.)
+#if defined(__GNUC__) && defined(__x86_64__)
+#define ROPE_HAVE_F16C_KERNEL 1
+template <Style kStyle>
+__attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row<float16> out, const float* cos,
+                                                     const float* sin, RowShape shape) {
+    float row[kMaxWidenedDim];
+    const int64_t rotary_dim = shape.rotary_dim;
+    const int64_t whole = rotary_dim - rotary_dim % 8;  // Features in groups of eight.
+    for (int64_t d = 0; d < whole; d += 8) {
+        const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in.data + d));
+        _mm256_storeu_ps(row + d, _mm256_cvtph_ps(halves));
+    }
+    convert_to_float(in.data + whole, rotary_dim - whole, row + whole);
+
+    rotate_float_row<kStyle>(row, cos, sin, shape);
+
+    const __m128i magnitude_bits = _mm_set1_epi16(0x7fff), sign_bit = _mm_set1_epi16(int16_t(0x8000));
+    const __m128i infinity = _mm_set1_epi16(0x7c00), quiet_nan = _mm_set1_epi16(0x7e00);
+    for (int64_t d = 0; d < whole; d += 8) {
+        __m128i halves = _mm256_cvtps_ph(_mm256_loadu_ps(row + d), _MM_FROUND_TO_NEAREST_INT);
+        // A half is a NaN when its magnitude is above infinity's; it becomes sign | 0x7e00.
+        const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(halves, magnitude_bits), infinity);
+        const __m128i rope_nan = _mm_or_si128(_mm_and_si128(halves, sign_bit), quiet_nan);
+        halves = _mm_or_si128(_mm_andnot_si128(nan, halves), _mm_and_si128(nan, rope_nan));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out.data + d), halves);
+    }
+    convert_from_float(row + whole, rotary_dim - whole, out.data + whole);
+    // Partial rotary: features past rotary_dim are copied through as stored.
+    if (out.data == in.data) return;
+    for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d] = in.data[d];
+}
+#endif
+
 // A row kernel with style, storage and stride case fixed at compile time.
 template <typename Storage>
 using RowKernel = void (*)(Row<const Storage>, Row<Storage>, const float*, const float*, RowShape);
 
 // Picks the kernel for one operand once per call, not once per row: the
-// choice depends only on the style and on the operand's strides.
+// choice depends only on the storage type, the style, the operand's strides
+// and the rotary width.
 template <typename Storage>
-RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand) {
+RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand, int64_t rotary_dim) {
     const bool contiguous = operand.in_geometry.stride_dim == 1 && operand.out_geometry.stride_dim == 1;
+    if constexpr (!std::is_same_v<Storage, float>) {
+#ifdef ROPE_HAVE_F16C_KERNEL
+        if constexpr (std::is_same_v<Storage, float16>) {
+            if (contiguous && rotary_dim <= kMaxWidenedDim && __builtin_cpu_supports("avx2") &&
+                __builtin_cpu_supports("f16c"))
+                return style == Style::half_split ? rotate_f16c<Style::half_split> : rotate_f16c<Style::interleaved>;
+        }
+#endif
+        if (contiguous && rotary_dim <= kMaxWidenedDim)
+            return style == Style::half_split ? rotate_widened<Storage, Style::half_split>
+                                              : rotate_widened<Storage, Style::interleaved>;
+    }
     if (style == Style::half_split)
         return contiguous ? rotate_row<Storage, Style::half_split, true> : rotate_row<Storage, Style::half_split, false>;
     return contiguous ? rotate_row<Storage, Style::interleaved, true> : rotate_row<Storage, Style::interleaved, false>;
@@ -213,13 +302,27 @@ struct Slab {
 // inverse, with sin negated, so the row kernel only multiplies.
 void fill_trig_row(const Plan& plan, const Slab& slab, int64_t t, float* cos, float* sin) {
     const TokenPositions positions = token_positions(plan.positions, plan.axes, slab.position_row, slab.first_token + t);
-    for (int64_t i = 0; i < plan.pairs; ++i) {
-        // The same factors as cpu-naive (the shared rotation_factors: the same
-        // angle and std::cos/std::sin, or the caller's table): the two backends
-        // then differ only by the rounding of the rotation itself.
-        const int64_t position = positions.of_pair(plan.angles, plan.axes, i);
-        rotation_factors(plan.angles, position, i, cos[t * plan.pairs + i], sin[t * plan.pairs + i]);
+    const AngleRule& rule = plan.angles;
+    float* const cos_row = cos + t * plan.pairs;
+    float* const sin_row = sin + t * plan.pairs;
+    if (rule.table.data != nullptr) {
+        // A caller's table is read as given, through the shared rule.
+        for (int64_t i = 0; i < plan.pairs; ++i)
+            rotation_factors(rule, positions.of_pair(rule, plan.axes, i), i, cos_row[i], sin_row[i]);
+        return;
     }
+    // The same float32 angles as every backend (the shared pair_angle), then
+    // their cos and sin with Eigen's SIMD routines, four pairs per instruction
+    // (1.8 times faster here than std::cos and std::sin one at a time). Eigen's
+    // results are within 2 ulps (1.2e-7) of cpu-naive's std::cos/std::sin, at
+    // any angle: past about 2e4 radians a lane falls back to an exact (slower)
+    // reduction of the angle.
+    for (int64_t i = 0; i < plan.pairs; ++i)
+        sin_row[i] = pair_angle(rule.precise, positions.of_pair(rule, plan.axes, i), rule.inv_freq[size_t(i)],
+                                rule.inv_freq_low[size_t(i)]);
+    Eigen::Map<Eigen::ArrayXf> angles(sin_row, plan.pairs);
+    Eigen::Map<Eigen::ArrayXf>(cos_row, plan.pairs) = rule.cos_scale * angles.cos();
+    angles = rule.sin_scale * angles.sin();
 }
 
 // ---------------------------------------------------------------------------
@@ -227,18 +330,29 @@ void fill_trig_row(const Plan& plan, const Slab& slab, int64_t t, float* cos, fl
 // ---------------------------------------------------------------------------
 
 // Bytes of cos + sin for one slab (4096 tokens at head_dim 128). The table is
-// shared by all threads and read once per head, from L2 or L3; a long
-// sequence is done slab after slab.
+// shared by all threads; a long sequence is done slab after slab.
 //
 // Filling it is the one part of a call with no memory traffic: at
-// [1, 32, 4096, 128] (64 heads share each position) it is about an eighth of
-// the call, while the memory bus idles. (Filling the next table a few entries
-// after each row, for the out-of-order core to hide behind the loads, measured
-// slower here, so the simple two-phase version stays.)
+// [1, 32, 4096, 128] (64 heads share each position) it is still a tenth of an
+// fp32 call, while the memory bus idles (a call that skipped it measured 11%
+// faster). Overlapping it does not pay here: filling the next, smaller slab's
+// table a few pairs after each row (512 or 2048 tokens, 16 or 64 pairs at a
+// time) measured from 7% slower to 2% faster than this simple two-phase order.
 constexpr int64_t kSlabTableBytes = 2 * 1024 * 1024;
-// Bytes of table per block of tokens walked head by head (128 tokens at
-// head_dim 128): it stays in L2 while the block's rows of every head stream by.
+// Bytes of table per block of tokens when a token's heads are adjacent in
+// memory ([b, s, h, d]: 128 tokens at head_dim 128): it stays in L2 while the
+// block's rows of every head stream by.
 constexpr int64_t kBlockTableBytes = 64 * 1024;
+// Heads walked side by side, token by token, where a head's tokens are
+// adjacent ([b, h, s, d]); a block is then the whole slab. Each token's cos/sin
+// row is read from L1 by all of them, and each thread keeps this many streams
+// of memory going. On the 2-core VM this was tuned on, in place at fp32, four
+// reached 103 to 122% of the read-modify-write ceiling in alternating runs
+// against 84 to 89% for one head at a time (each head one unbroken stream,
+// but its table row read from L2 or L3 for every row), and two or eight
+// heads 80 to 103%. (More than 100%: a thread streaming four regions at once
+// gets more from this VM's memory than the one-stream ceiling loop.)
+constexpr int64_t kHeadsSideBySide = 4;
 // Stretches per thread: enough that an uneven last stretch costs little.
 constexpr int64_t kStretchesPerThread = 8;
 // Bytes per cache line (x86-64 and most ARM cores): the unit of prefetching.
@@ -249,6 +363,52 @@ constexpr int64_t kPrefetchRows = 8;
 // joining it costs microseconds (5 to 10 on the 2-core VM this was tuned on),
 // in which one core moves about this much. Below it, fewer threads are faster.
 constexpr int64_t kMinBytesPerThread = 256 * 1024;
+// Outputs (q_out + k_out bytes) from which an out-of-place call writes its
+// rows with streaming stores (see stream_to_memory): as much as a whole L3
+// cache holds (32 MiB on the machine this was tuned on), so the next operation
+// would not have found them in the cache anyway. Smaller outputs are written
+// normally and stay in the cache for it.
+constexpr int64_t kStreamingOutputBytes = 32 * 1024 * 1024;
+
+// Writes a finished row to memory with streaming (non-temporal) stores.
+//
+// An ordinary store to a line that is not in the cache first reads the line
+// from memory (a "read for ownership"), so writing to a separate output moves
+// three bytes for every two rotated: read the input, read the output's old
+// line, write it back. A streaming store sends whole lines straight to memory
+// without reading them, and without keeping them in the cache. Out of place at
+// [1, 32, 4096, 128] and [8, 32, 1024, 128] fp32 this measured 68-73% and
+// 77-79% of the ceiling here, against 50% and 61-65% with ordinary stores
+// (alternating runs on the 2-core VM). fp16 and bf16 rows do not use it: they
+// are bound by their conversions more than by memory, and the extra pass
+// through the buffer cost them about 5 points of the ceiling (bench-cpu
+// runs with and without it). Other processors than x86-64: memcpy.
+void stream_to_memory(const void* from, void* to, int64_t bytes) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    const char* source = static_cast<const char*>(from);
+    char* target = static_cast<char*>(to);
+    // Streaming stores write 16 aligned bytes; the ends of a row that is not
+    // 16-byte aligned take ordinary stores.
+    const int64_t misalignment = int64_t(reinterpret_cast<uintptr_t>(target) % 16);
+    const int64_t head = std::min<int64_t>(misalignment == 0 ? 0 : 16 - misalignment, bytes);
+    std::memcpy(target, source, size_t(head));
+    int64_t done = head;
+    for (; done + 16 <= bytes; done += 16)
+        _mm_stream_si128(reinterpret_cast<__m128i*>(target + done),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + done)));
+    std::memcpy(target + done, source + done, size_t(bytes - done));
+#else
+    std::memcpy(to, from, size_t(bytes));
+#endif
+}
+
+// Orders a thread's streaming stores before whatever it does next (they are
+// not ordered like ordinary stores): called before a thread leaves its rows.
+void finish_streaming() {
+#if defined(__GNUC__) && defined(__x86_64__)
+    _mm_sfence();
+#endif
+}
 
 // How one slab's rows are cut into stretches of work for the threads.
 //
@@ -260,6 +420,7 @@ constexpr int64_t kMinBytesPerThread = 256 * 1024;
 // for [b, s, h, d] (a token's heads adjacent) blocks of tokens vary slowest,
 // so threads split the tokens. Two threads streaming two separate regions
 // measured 10 to 20% faster here than both hopping over the same heads.
+// Within a stretch rows are always walked token by token (RowWalk).
 struct WorkSplit {
     int64_t position_rows = 1;     // Distinct rows of positions: 1 (shared) or batch.
     int64_t owners = 0;            // Owners per position row: sequences sharing it * (q + k heads).
@@ -287,15 +448,20 @@ WorkSplit split_work(const Plan& plan, int64_t threads) {
     const int64_t table_row_bytes = 2 * int64_t(sizeof(float)) * plan.pairs;
     split.slab_tokens = std::clamp<int64_t>(kSlabTableBytes / table_row_bytes, 1, plan.seq);
     split.slabs_per_row = (plan.seq + split.slab_tokens - 1) / split.slab_tokens;
-    split.block_tokens = std::clamp<int64_t>(kBlockTableBytes / table_row_bytes, 1, split.slab_tokens);
     split.heads_outer = plan.q.in_geometry.stride_seq < plan.q.in_geometry.stride_head;
 
     // Enough stretches for every thread, cut from whichever axis comes first.
     const int64_t target_stretches = threads * kStretchesPerThread;
-    const int64_t blocks = split.blocks(split.slab(0));
     if (split.heads_outer) {
-        split.owner_groups = std::min(split.owners, target_stretches);
+        // Heads first, kHeadsSideBySide per group at most; the slab is cut into
+        // blocks only when there are too few heads for the threads.
+        split.owner_groups = std::max(std::min(split.owners, target_stretches),
+                                      (split.owners + kHeadsSideBySide - 1) / kHeadsSideBySide);
+        const int64_t blocks = std::clamp<int64_t>((target_stretches + split.owners - 1) / split.owners, 1, split.slab_tokens);
+        split.block_tokens = (split.slab_tokens + blocks - 1) / blocks;
     } else {
+        split.block_tokens = std::clamp<int64_t>(kBlockTableBytes / table_row_bytes, 1, split.slab_tokens);
+        const int64_t blocks = split.blocks(split.slab(0));
         split.owner_groups = std::clamp<int64_t>((target_stretches + blocks - 1) / blocks, 1, split.owners);
     }
     return split;
@@ -307,30 +473,31 @@ template <typename Storage>
 struct HeadRow {
     Row<const Storage> in;
     Row<Storage> out;
-    int64_t next_token_in;   // stride_seq: from this row to the same head's next token.
-    int64_t next_token_out;
     int64_t prefetch_bytes;  // Bytes of the row to prefetch; 0 for strided rows.
     RowKernel<Storage> kernel;
 
     // Asks the memory system for this row ahead of its use. RoPE computes for
     // a while on every row it loads, and memory left idle meanwhile is
     // bandwidth lost; hardware prefetchers also stall at every jump from one
-    // head to the next. So the loop names the rows it will need soon itself.
-    void prefetch() const {
+    // head to the next. So the loop names the rows it will need soon itself:
+    // the input, and a separate output too unless it is streamed (streaming
+    // stores never read it).
+    void prefetch(bool streaming) const {
         const char* read = reinterpret_cast<const char*>(in.data);
         const char* write = reinterpret_cast<const char*>(out.data);
+        const bool fetch_output = write != read && !streaming;
         for (int64_t byte = 0; byte < prefetch_bytes; byte += kCacheLine) {
             __builtin_prefetch(read + byte, 0);
-            if (write != read) __builtin_prefetch(write + byte, 1);
+            if (fetch_output) __builtin_prefetch(write + byte, 1);
         }
     }
 };
 
-// The rows of one stretch, in the order a thread visits them.
-//
-// Memory is visited in its own order: for [b, h, s, d] each owner's tokens
-// are walked before the next owner (the next row is just one stride further);
-// for [b, s, h, d] each token's owners are walked before the next token.
+// The rows of one stretch, in the order a thread visits them: token by token,
+// and each token's owners in order, so that a token's cos/sin row is read
+// once from the table and then from L1. For [b, s, h, d] that is memory's
+// own order (a token's heads are adjacent); for [b, h, s, d] the stretch's few
+// heads (kHeadsSideBySide) advance side by side, each its own stream.
 template <typename Storage>
 class RowWalk {
 public:
@@ -345,8 +512,7 @@ public:
 
     RowWalk(const Plan& plan, const RowKernel<Storage> (&kernels)[2], const WorkSplit& split, const Slab& slab,
             int64_t stretch)
-        : plan_(plan), kernels_(kernels), heads_(plan.q.in_geometry.heads + plan.k.in_geometry.heads),
-          tokens_inner_(split.heads_outer) {
+        : plan_(plan), kernels_(kernels), heads_(plan.q.in_geometry.heads + plan.k.in_geometry.heads) {
         const int64_t blocks = split.blocks(slab);
         const int64_t block = split.heads_outer ? stretch % blocks : stretch / split.owner_groups;
         const int64_t group = split.heads_outer ? stretch / blocks : stretch % split.owner_groups;
@@ -371,28 +537,13 @@ public:
 
     // Steps @p cursor to the next row; only call it when there is one.
     void advance(Cursor& cursor) const {
-        if (tokens_inner_) {
-            if (++cursor.token < tokens_) {
-                // Same head, next token: one stride on, no address arithmetic.
-                cursor.row.in.data += cursor.row.next_token_in;
-                cursor.row.out.data += cursor.row.next_token_out;
-                return;
-            }
-            cursor.token = 0;
-            next_owner(cursor);
-        } else {
-            next_owner(cursor);
-            if (cursor.owner == owners_) cursor = {first_sequence_, first_head_, 0, cursor.token + 1, {}};
-        }
+        ++cursor.owner;
+        if (++cursor.head == heads_) cursor.head = 0, ++cursor.sequence;
+        if (cursor.owner == owners_) cursor = {first_sequence_, first_head_, 0, cursor.token + 1, {}};
         cursor = with_row(cursor);
     }
 
 private:
-    void next_owner(Cursor& cursor) const {
-        ++cursor.owner;
-        if (++cursor.head == heads_) cursor.head = 0, ++cursor.sequence;
-    }
-
     // Fills in the addresses of the cursor's row.
     Cursor with_row(Cursor cursor) const {
         const int64_t q_heads = plan_.q.in_geometry.heads;
@@ -405,8 +556,6 @@ private:
         const bool contiguous = in.stride_dim == 1 && out.stride_dim == 1;
         cursor.row = {{static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0), in.stride_dim},
                       {static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0), out.stride_dim},
-                      in.stride_seq,
-                      out.stride_seq,
                       contiguous ? plan_.head_dim * int64_t(sizeof(Storage)) : 0,
                       kernels_[is_q ? 0 : 1]};
         return cursor;
@@ -415,7 +564,6 @@ private:
     const Plan& plan_;
     const RowKernel<Storage> (&kernels_)[2];  // For q's rows and for k's.
     int64_t heads_;                  // q heads + k heads: owners per sequence.
-    bool tokens_inner_;              // Walk an owner's tokens before the next owner.
     int64_t first_sequence_ = 0;     // Sequence of the stretch's first owner.
     int64_t first_head_ = 0;         // Its head.
     int64_t owners_ = 0;             // Owners in the stretch.
@@ -465,43 +613,58 @@ private:
         float* const cos = cos_table.data();
         float* const sin = sin_table.data();
 
-        const RowKernel<Storage> kernels[2] = {pick_row_kernel<Storage>(plan.style, plan.q),
-                                               pick_row_kernel<Storage>(plan.style, plan.k)};
+        const RowKernel<Storage> kernels[2] = {pick_row_kernel<Storage>(plan.style, plan.q, plan.rotary_dim),
+                                               pick_row_kernel<Storage>(plan.style, plan.k, plan.rotary_dim)};
         const RowShape shape{plan.pairs, plan.rotary_dim, plan.head_dim};
         const int64_t slabs = split.position_rows * split.slabs_per_row;
+        // Large out-of-place float32 calls stream their rows out (see
+        // stream_to_memory): each row is rotated into a buffer in L1, then written whole.
+        const bool contiguous_outputs = plan.q.out_geometry.stride_dim == 1 && plan.k.out_geometry.stride_dim == 1;
+        const int64_t output_bytes = (plan.q.out_geometry.numel() + plan.k.out_geometry.numel()) * int64_t(sizeof(Storage));
+        const bool streaming = std::is_same_v<Storage, float> && plan.q.out != plan.q.in && contiguous_outputs &&
+                               plan.head_dim <= kMaxWidenedDim && output_bytes >= kStreamingOutputBytes;
 
 #pragma omp parallel num_threads(team)
-        for (int64_t slab_index = 0; slab_index < slabs; ++slab_index) {
-            const Slab slab = split.slab(slab_index);
-            // All threads compute the slab's table together; the loop's implicit
-            // barrier then makes it complete and visible before any row uses it.
+        {
+            alignas(64) Storage finished_row[kMaxWidenedDim];  // This thread's, for streaming.
+            for (int64_t slab_index = 0; slab_index < slabs; ++slab_index) {
+                const Slab slab = split.slab(slab_index);
+                // All threads compute the slab's table together; the loop's implicit
+                // barrier then makes it complete and visible before any row uses it.
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < slab.tokens; ++t) fill_trig_row(plan, slab, t, cos, sin);
+                for (int64_t t = 0; t < slab.tokens; ++t) fill_trig_row(plan, slab, t, cos, sin);
 
-            // Static schedule: each thread one contiguous range of stretches, so one
-            // contiguous stretch of memory. The implicit barrier at the end keeps
-            // the table until every thread is done with it.
+                // Static schedule: each thread one contiguous range of stretches, so one
+                // contiguous stretch of memory. The implicit barrier at the end keeps
+                // the table until every thread is done with it.
 #pragma omp for schedule(static)
-            for (int64_t stretch = 0; stretch < split.stretches(slab); ++stretch) {
-                const RowWalk<Storage> walk(plan, kernels, split, slab, stretch);
-                const int64_t rows = walk.size();
+                for (int64_t stretch = 0; stretch < split.stretches(slab); ++stretch) {
+                    const RowWalk<Storage> walk(plan, kernels, split, slab, stretch);
+                    const int64_t rows = walk.size();
 
-                // Two cursors walk the same rows: `lead` runs kPrefetchRows ahead
-                // and prefetches, `row` follows and rotates.
-                auto lead = walk.first();
-                int64_t requested = 0;  // Rows the lead has asked for.
-                auto request_up_to = [&](int64_t count) {
-                    for (; requested < std::min(count, rows); ++requested) {
-                        lead.row.prefetch();
-                        if (requested + 1 < rows) walk.advance(lead);
+                    // Two cursors walk the same rows: `lead` runs kPrefetchRows ahead
+                    // and prefetches, `row` follows and rotates.
+                    auto lead = walk.first();
+                    int64_t requested = 0;  // Rows the lead has asked for.
+                    auto request_up_to = [&](int64_t count) {
+                        for (; requested < std::min(count, rows); ++requested) {
+                            lead.row.prefetch(streaming);
+                            if (requested + 1 < rows) walk.advance(lead);
+                        }
+                    };
+                    auto row = walk.first();
+                    for (int64_t i = 0; i < rows; ++i) {
+                        request_up_to(i + 1 + kPrefetchRows);
+                        const int64_t entry = walk.table_row(row) * plan.pairs;
+                        if (streaming) {
+                            row.row.kernel(row.row.in, {finished_row, 1}, cos + entry, sin + entry, shape);
+                            stream_to_memory(finished_row, row.row.out.data, plan.head_dim * int64_t(sizeof(Storage)));
+                        } else {
+                            row.row.kernel(row.row.in, row.row.out, cos + entry, sin + entry, shape);
+                        }
+                        if (i + 1 < rows) walk.advance(row);
                     }
-                };
-                auto row = walk.first();
-                for (int64_t i = 0; i < rows; ++i) {
-                    request_up_to(i + 1 + kPrefetchRows);
-                    const int64_t entry = walk.table_row(row) * plan.pairs;
-                    row.row.kernel(row.row.in, row.row.out, cos + entry, sin + entry, shape);
-                    if (i + 1 < rows) walk.advance(row);
+                    if (streaming) finish_streaming();
                 }
             }
         }

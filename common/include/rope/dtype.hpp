@@ -87,18 +87,35 @@ ROPE_HOST_DEVICE inline float to_float(bfloat16 value) { return bits_to_float(ui
 /// @return @p value unchanged.
 ROPE_HOST_DEVICE inline float to_float(float value) { return value; }
 
+/// @brief Picks @p if_true or @p if_false by @p condition with bit masks, not a branch.
+///
+/// The conversions below compute every case and pick one with this, so that a
+/// loop of conversions has no branch and the compiler can turn it into SIMD
+/// code (see convert_to_float()); the GPU, where a branch would diverge a warp,
+/// prefers this too.
+/// @param condition which value to return.
+/// @param if_true returned when @p condition holds.
+/// @param if_false returned otherwise.
+/// @return @p if_true or @p if_false.
+ROPE_HOST_DEVICE inline uint32_t select_bits(bool condition, uint32_t if_true, uint32_t if_false) {
+    const uint32_t mask = 0u - uint32_t(condition);  // all ones or all zeros
+    return (if_true & mask) | (if_false & ~mask);
+}
+
 /// @brief Widens binary16 to float32 (exact), handling zeros, subnormals, inf and NaN.
 /// @param value the binary16 value.
 /// @return the same value as float32.
 ROPE_HOST_DEVICE inline float to_float(float16 value) {
     const uint32_t sign = uint32_t(value.bits & 0x8000u) << 16;
-    const uint32_t exponent = (value.bits >> 10) & 0x1fu;
-    const uint32_t mantissa = value.bits & 0x3ffu;
-    if (exponent == 0x1f) return bits_to_float(sign | 0x7f800000u | (mantissa << 13));  // inf / NaN
-    if (exponent != 0) return bits_to_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-    // Zero or subnormal: value = mantissa * 2^-24, exactly representable in float32.
-    const float magnitude = float(mantissa) * 5.9604644775390625e-8f;
-    return sign ? -magnitude : magnitude;
+    const uint32_t exponent = value.bits & 0x7c00u;
+    // Exponent and mantissa moved to float32's places (10 mantissa bits become the top of 23).
+    const uint32_t magnitude = uint32_t(value.bits & 0x7fffu) << 13;
+    // The three cases, all computed (branch-free, see select_bits):
+    const uint32_t normal = magnitude + (uint32_t(127 - 15) << 23);  // exponent re-biased
+    const uint32_t inf_or_nan = magnitude | 0x7f800000u;              // all-ones exponent, mantissa kept
+    // Zero or subnormal: mantissa * 2^-24, exactly representable in float32.
+    const uint32_t tiny = float_bits(float(value.bits & 0x3ffu) * 5.9604644775390625e-8f);
+    return bits_to_float(sign | select_bits(exponent == 0x7c00u, inf_or_nan, select_bits(exponent == 0, tiny, normal)));
 }
 
 /// @brief Rounds float32 to bfloat16, to nearest with ties to even; NaN stays NaN.
@@ -113,10 +130,15 @@ ROPE_HOST_DEVICE inline bfloat16 to_bfloat16(float value) {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(rounded) : "f"(value));
     return bfloat16{rounded};
 #else
+    // Keep the top 16 bits, rounded: adding 0x7fff plus the lowest kept bit carries
+    // into the kept bits exactly when the dropped ones are above half, or half with
+    // the kept part odd (ties to even). A NaN is not rounded (the carry could turn it
+    // into infinity) but quieted: bit 22 set, which is bit 6 of the result.
     const uint32_t bits = float_bits(value);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return bfloat16{uint16_t((bits >> 16) | 0x40u)};  // quiet NaN
-    const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
-    return bfloat16{uint16_t((bits + rounding_bias) >> 16)};
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t quiet = select_bits(nan, 0x400000u, 0u);
+    const uint32_t rounding_bias = select_bits(nan, 0u, 0x7fffu + ((bits >> 16) & 1u));
+    return bfloat16{uint16_t(((bits | quiet) + rounding_bias) >> 16)};
 #endif
 }
 
@@ -132,21 +154,24 @@ ROPE_HOST_DEVICE inline float16 to_float16(float value) {
     return float16{rounded};
 #else
     const uint32_t bits = float_bits(value);
-    const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
+    const uint32_t sign = (bits >> 16) & 0x8000u;
     const uint32_t magnitude = bits & 0x7fffffffu;
-    if (magnitude > 0x7f800000u) return float16{uint16_t(sign | 0x7e00u)};   // NaN
-    if (magnitude >= 0x477ff000u) return float16{uint16_t(sign | 0x7c00u)};  // rounds past 65504: inf
-    if (magnitude < 0x38800000u) {
-        // Below the smallest normal half (2^-14): the result is subnormal,
-        // a multiple of 2^-24. Adding 0.5 (= 2^-1) aligns that unit with the
-        // float's last mantissa bit, so the FPU's own rounding does the work.
-        const float shifted = bits_to_float(magnitude) + 0.5f;
-        return float16{uint16_t(sign | uint16_t(float_bits(shifted) - float_bits(0.5f)))};
-    }
+    // Every case is computed and one is picked (branch-free, see select_bits),
+    // each still shifted 13 bits up, where the normal case has it; one shift
+    // ends them all. (Picking among 16-bit results instead costs a vectorised
+    // loop twice the instructions: each 32-bit mask must be narrowed first.)
     // Normal: re-bias the exponent (127 -> 15) and round 23 mantissa bits to 10.
     const uint32_t odd = (magnitude >> 13) & 1u;
-    const uint32_t rounded = magnitude + 0xfffu + odd - (uint32_t(127 - 15) << 23);
-    return float16{uint16_t(sign | (rounded >> 13))};
+    const uint32_t normal = magnitude + 0xfffu + odd - (uint32_t(127 - 15) << 23);
+    // Below the smallest normal half (2^-14) the result is subnormal, a multiple of
+    // 2^-24. Adding 0.5 (= 2^-1) aligns that unit with the float's last mantissa
+    // bit, so the FPU's own rounding does the work.
+    const uint32_t subnormal = (float_bits(bits_to_float(magnitude) + 0.5f) - float_bits(0.5f)) << 13;
+    const uint32_t finite = select_bits(magnitude < 0x38800000u, subnormal, normal);
+    // From 65520 up everything rounds past 65504, the largest half: infinity.
+    const uint32_t in_range = select_bits(magnitude >= 0x477ff000u, 0x7c00u << 13, finite);
+    const uint32_t result = select_bits(magnitude > 0x7f800000u, 0x7e00u << 13, in_range);  // NaN: a quiet NaN
+    return float16{uint16_t(sign | (result >> 13))};
 #endif
 }
 
@@ -159,6 +184,35 @@ ROPE_HOST_DEVICE inline Storage from_float(float value) {
     if constexpr (std::is_same_v<Storage, float>) return value;
     else if constexpr (std::is_same_v<Storage, bfloat16>) return to_bfloat16(value);
     else return to_float16(value);
+}
+
+/// @brief Widens @p count elements of @p in to float32, into @p out (host code).
+///
+/// A plain loop of to_float(), bit for bit the same: since the conversions
+/// have no branch, the compiler turns the loop into SIMD code (at SSE2, the
+/// x86-64 baseline, eight 2-byte elements per step), which it cannot do for
+/// conversions scattered through a larger loop. Backends convert whole rows
+/// with it.
+/// @tparam Storage float, float16 or bfloat16.
+/// @param in the elements to widen.
+/// @param count how many.
+/// @param[out] out @p count float32 values; may not overlap @p in unless equal to it.
+template <typename Storage>
+inline void convert_to_float(const Storage* in, int64_t count, float* out) {
+    for (int64_t i = 0; i < count; ++i) out[i] = to_float(in[i]);
+}
+
+/// @brief Rounds @p count float32 values of @p in to @p Storage, into @p out (host code).
+///
+/// A plain loop of from_float(), bit for bit the same, that the compiler
+/// vectorises (see convert_to_float()).
+/// @tparam Storage float, float16 or bfloat16.
+/// @param in the float32 values.
+/// @param count how many.
+/// @param[out] out @p count elements; may not overlap @p in unless equal to it.
+template <typename Storage>
+inline void convert_from_float(const float* in, int64_t count, Storage* out) {
+    for (int64_t i = 0; i < count; ++i) out[i] = from_float<Storage>(in[i]);
 }
 
 /// @brief DType tag of a storage type, for templated code.
