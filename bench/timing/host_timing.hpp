@@ -49,7 +49,8 @@ void parallel_memcpy(void* to, const void* from, std::size_t bytes, int threads)
 
 /// @brief Loads and stores back every 8-byte word of @p data (XOR with a mask the compiler
 /// cannot see, zero at run time: the data is unchanged), each of @p threads OpenMP threads
-/// a share. @p data must be 8-byte aligned.
+/// a share, walked as four stretches side by side, 512 bytes of each in turn (four streams
+/// of memory per thread, as cpu-eigen keeps). @p data must be 8-byte aligned.
 void parallel_read_modify_write(void* data, std::size_t bytes, int threads);
 
 /// @brief Where the sets live for a host measurement.
@@ -67,10 +68,11 @@ struct HostSets {
 /// repetition times one call, one memcpy and one read-modify-write pass of a set,
 /// in turn: the three alternate, so all see the same machine (on a shared or
 /// virtual machine the bandwidth drifts over seconds, and a ceiling measured at
-/// another moment would turn that drift into a wrong percentage). The call uses
-/// set c, the memcpy set c + sets/3, the read-modify-write set c + 2 sets/3: none
-/// finds in cache what another just used. Reported: the median of each.
-/// @param call issues call number c of the backend (on set c % sets).
+/// another moment would turn that drift into a wrong percentage). The three take the
+/// sets in turn (repetition r: the call set 3r, the memcpy 3r + 1, the read-modify-write
+/// 3r + 2, modulo sets): whatever a pass reads was last touched sets - 1 passes earlier,
+/// so none finds in cache what another just used. Reported: the median of each.
+/// @param call issues a call of the backend on set c % sets.
 /// @param reps timed repetitions; 0: about one second of calls (15 to 2000).
 Measurement host_measure(const std::function<void(int64_t call)>& call, const HostSets& sets, int threads,
                          int reps);
