@@ -2,10 +2,13 @@
 // _Float16 conversions and against rounding done in double arithmetic; the
 // whole-row conversions the CPU backends vectorise against plain references,
 // on every float32 bit pattern (the "large" case); and cpu-eigen's rows of each
-// storage type, rotated by the same cos and sin, against cpu-naive's bits.
+// storage type, rotated by the same cos and sin, against cpu-naive's bits (also
+// float32 outputs larger than the last-level cache, which cpu-eigen streams: "large").
 #include <doctest/doctest.h>
+#include <unistd.h>  // sysconf: the last-level cache the streaming test must exceed.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -196,14 +199,35 @@ TEST_CASE("large: fp16 and bf16: whole-row rounding gives the references' bits f
 }
 }  // TEST_SUITE("large")
 
-TEST_CASE("fp32, fp16 and bf16 rows: cpu-eigen gives cpu-naive's bits when both read the same cos and sin") {
-    // With a caller's cos/sin table both backends multiply the very same float32 numbers, so
-    // any difference is a rounding of cpu-eigen's own: a multiply fused with an add (FMA, one
-    // rounding instead of two) in one of its SIMD clones, or a conversion that rounds differently.
-    auto eigen = testing::backend_or_skip("cpu-eigen");
-    if (!eigen) return;
+// Runs one call with a random caller's cos/sin table on cpu-eigen and on cpu-naive and
+// checks that both wrote the same bits. With a caller's table both backends multiply the
+// very same float32 numbers, so any difference is a rounding of cpu-eigen's own: a
+// multiply fused with an add (FMA, one rounding instead of two) in one of its SIMD clones,
+// a conversion that rounds differently, or a row its streaming stores got wrong.
+namespace {
+void check_eigen_gives_naive_bits(rope::Backend& eigen, const rope::RopeConfig& config, rope::DType dtype,
+                                  std::array<int64_t, 4> q_shape, std::array<int64_t, 4> k_shape, bool in_place) {
     auto naive = rope::make_backend("cpu-naive");
     std::uniform_real_distribution<float> entry(-1.0f, 1.0f);
+    testing::Call call = testing::make_call(config, dtype, rope::Layout::bhsd, q_shape, k_shape);
+    call.in_place = in_place;
+    const int64_t rows = q_shape[2];  // positions 0..seq-1
+    call.table.resize(size_t(rows * config.rotary_dim));
+    for (float& value : call.table) value = entry(testing::rng());
+    call.table_rows = rows;
+    call.table_cols = config.rotary_dim;
+    call.table_row_stride = config.rotary_dim;
+    testing::Call by_naive = call;
+    testing::run(eigen, call);
+    testing::run(*naive, by_naive);
+    CHECK(call.q_result().storage == by_naive.q_result().storage);
+    CHECK(call.k_result().storage == by_naive.k_result().storage);
+}
+}  // namespace
+
+TEST_CASE("fp32, fp16 and bf16 rows: cpu-eigen gives cpu-naive's bits when both read the same cos and sin") {
+    auto eigen = testing::backend_or_skip("cpu-eigen");
+    if (!eigen) return;
     for (rope::DType dtype : {rope::DType::f32, rope::DType::f16, rope::DType::bf16})
         for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved})
             for (int64_t rotary_dim : {128, 96})
@@ -213,19 +237,34 @@ TEST_CASE("fp32, fp16 and bf16 rows: cpu-eigen gives cpu-naive's bits when both 
                     CAPTURE(rotary_dim);
                     CAPTURE(in_place);
                     const rope::RopeConfig config{.head_dim = 128, .rotary_dim = rotary_dim, .style = style};
-                    testing::Call call =
-                        testing::make_call(config, dtype, rope::Layout::bhsd, {2, 4, 37, 128}, {2, 2, 37, 128});
-                    call.in_place = in_place;
-                    const int64_t rows = 37;  // positions 0..36
-                    call.table.resize(size_t(rows * rotary_dim));
-                    for (float& value : call.table) value = entry(testing::rng());
-                    call.table_rows = rows;
-                    call.table_cols = rotary_dim;
-                    call.table_row_stride = rotary_dim;
-                    testing::Call by_naive = call;
-                    testing::run(*eigen, call);
-                    testing::run(*naive, by_naive);
-                    CHECK(call.q_result().storage == by_naive.q_result().storage);
-                    CHECK(call.k_result().storage == by_naive.k_result().storage);
+                    check_eigen_gives_naive_bits(*eigen, config, dtype, {2, 4, 37, 128}, {2, 2, 37, 128}, in_place);
                 }
 }
+
+TEST_SUITE("large") {
+TEST_CASE("large: cpu-eigen's streamed float32 outputs (more than the last-level cache) give cpu-naive's bits") {
+    // cpu-eigen writes the rows of an out-of-place float32 call with streaming stores once the
+    // outputs exceed the last-level cache the processor reports (32 MiB where it reports none):
+    // outputs here just above that, 300 MiB to 1 GiB in all on today's machines.
+    auto eigen = testing::backend_or_skip("cpu-eigen");
+    if (!eigen) return;
+    long reported = 0;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    reported = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    const int64_t cache = reported > 0 ? int64_t(reported) : int64_t(32) << 20;
+    if (cache > (int64_t(1) << 30)) {
+        MESSAGE("skipped: the last-level cache reported is " << cache << " bytes, more than this test allocates");
+        return;
+    }
+    const int64_t heads = 32, head_dim = 128;
+    const int64_t bytes_per_token = 2 * heads * head_dim * int64_t(sizeof(float));  // q_out and k_out
+    const int64_t tokens = cache / bytes_per_token + 1;
+    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+        CAPTURE(int(style));
+        const rope::RopeConfig config{.head_dim = head_dim, .rotary_dim = head_dim, .style = style};
+        check_eigen_gives_naive_bits(*eigen, config, rope::DType::f32, {1, heads, tokens, head_dim},
+                                     {1, heads, tokens, head_dim}, false);
+    }
+}
+}  // TEST_SUITE("large")
