@@ -11,8 +11,10 @@
 //      instruction (SIMD). fp16/bf16 rows are widened to float32, rotated and
 //      rounded back by plain loops without branches that the compiler
 //      vectorises, compiled for SSE2, AVX2 and AVX-512 (the processor picks);
-//      fp16 rows use the processor's own conversion instructions where it
-//      has them (F16C). Strided views take a generic gather/scatter path.
+//      with AVX-512 both are widened, rotated and rounded in registers,
+//      sixteen pairs at a time, and fp16 rows elsewhere use the processor's
+//      own conversions where it has them (F16C). Strided views take a
+//      generic gather/scatter path.
 //   2. cos/sin are computed once per (position, pair), by all threads
 //      together and several pairs per instruction, into one table that every
 //      head of q and k then reads (and every sequence, when they share
@@ -30,7 +32,8 @@
 
 #include <Eigen/Core>
 #if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>  // F16C's conversions (rotate_f16c), streaming stores (stream_to_memory).
+#include <cpuid.h>      // __get_cpuid: whether the processor has F16C (processor_has_f16c).
+#include <immintrin.h>  // F16C (rotate_f16c) and AVX-512 (rotate_avx512) instructions, streaming stores.
 #endif
 #include <algorithm>
 #include <cmath>
@@ -228,6 +231,14 @@ ROPE_WIDEST_SIMD void rotate_widened(Row<const Storage> in, Row<Storage> out, co
 // leaves it open, and two compilations of one loop may keep different ones.)
 #if defined(__GNUC__) && defined(__x86_64__)
 #define ROPE_HAVE_F16C_KERNEL 1
+// Whether the processor has F16C: bit 29 of CPUID leaf 1's ECX. (Asked of CPUID
+// directly: Clang 16's __builtin_cpu_supports does not know "f16c".) The
+// operating system's support for the AVX registers comes with "avx2".
+bool processor_has_f16c() {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 template <Style kStyle>
 __attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row<float16> out, const float* cos,
                                                      const float* sin, RowShape shape) {
@@ -259,6 +270,119 @@ __attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row
 }
 #endif
 
+// fp16 and bf16 rows with AVX-512 (x86-64 processors since 2017): widened,
+// rotated and rounded in registers, sixteen pairs per step, with no float32
+// row in memory between the three loops of rotate_widened. Interleaved pairs
+// arrive as sixteen 32-bit lanes, one pair each (split_pairs, join_pairs).
+// The results are rotate_widened's bits: the products are rounded one by one
+// (-ffp-contract=off compiles every kernel here), bf16 rounds with
+// rope::to_bfloat16's integer arithmetic on sixteen lanes at once, and fp16
+// with the processor's conversion plus rope's NaN, as in rotate_f16c.
+#if defined(__GNUC__) && defined(__x86_64__)
+#define ROPE_HAVE_AVX512_KERNEL 1
+// GCC 12 reports the AVX-512 headers' internal placeholder operands as maybe
+// uninitialised in these kernels: a false report (GCC bug 105593, fixed in 13).
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define ROPE_AVX512 __attribute__((target("avx512f,avx512bw")))
+
+// Sixteen stored elements widened to float32 (exact).
+ROPE_AVX512 inline __m512 widen_16(__m256i elements, bfloat16 /*storage*/) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(elements), 16));  // the top half of a float
+}
+ROPE_AVX512 inline __m512 widen_16(__m256i elements, float16 /*storage*/) { return _mm512_cvtph_ps(elements); }
+
+// rope::to_bfloat16 on sixteen lanes: each float32 with 0x7fff plus its lowest kept bit
+// added (a NaN quieted instead), so that its top half is the rounded bf16.
+ROPE_AVX512 inline __m512i round_to_top_half(__m512 values) {
+    const __m512i bits = _mm512_castps_si512(values);
+    const __m512i lowest_kept = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lowest_kept));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+}
+
+// Sixteen float32 values rounded to nearest, ties to even, a NaN becoming rope's NaN.
+ROPE_AVX512 inline __m256i narrow_16(__m512 values, bfloat16 /*storage*/) {
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_to_top_half(values), 16));
+}
+ROPE_AVX512 inline __m256i narrow_16(__m512 values, float16 /*storage*/) {
+    const __m256i halves = _mm512_cvtps_ph(values, _MM_FROUND_TO_NEAREST_INT);
+    // A half is a NaN when its magnitude is above infinity's; it becomes sign | 0x7e00.
+    const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(halves, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x7c00));
+    const __m256i rope_nan = _mm256_or_si256(_mm256_and_si256(halves, _mm256_set1_epi16(int16_t(0x8000))),
+                                             _mm256_set1_epi16(0x7e00));
+    return _mm256_blendv_epi8(halves, rope_nan, nan);
+}
+
+// Sixteen interleaved pairs, one per 32-bit lane (x in the low half, y in the high
+// half), as widened x and y; and back. A bf16 is the top half of a float32, so its
+// lanes only need shifting and masking; fp16 lanes are narrowed to two runs of halves.
+struct WidePairs {
+    __m512 x, y;
+};
+ROPE_AVX512 inline WidePairs split_pairs(__m512i lanes, bfloat16 /*storage*/) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(lanes, 16)),
+            _mm512_castsi512_ps(_mm512_and_si512(lanes, _mm512_set1_epi32(int32_t(0xffff0000u))))};
+}
+ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, bfloat16 /*storage*/) {
+    return _mm512_or_si512(_mm512_srli_epi32(round_to_top_half(x), 16),
+                           _mm512_and_si512(round_to_top_half(y), _mm512_set1_epi32(int32_t(0xffff0000u))));
+}
+ROPE_AVX512 inline WidePairs split_pairs(__m512i lanes, float16 storage) {
+    return {widen_16(_mm512_cvtepi32_epi16(lanes), storage),
+            widen_16(_mm512_cvtepi32_epi16(_mm512_srli_epi32(lanes, 16)), storage)};
+}
+ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, float16 storage) {
+    return _mm512_or_si512(_mm512_cvtepu16_epi32(narrow_16(x, storage)),
+                           _mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow_16(y, storage)), 16));
+}
+
+template <typename Storage, Style kStyle>
+ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin,
+                               RowShape shape) {
+    const int64_t pairs = shape.pairs, rotary_dim = shape.rotary_dim;
+    const int64_t whole = pairs - pairs % 16;  // Pairs in groups of sixteen.
+    for (int64_t i = 0; i < whole; i += 16) {
+        const __m512 c = _mm512_loadu_ps(cos + i), s = _mm512_loadu_ps(sin + i);
+        // rotate_pair on sixteen pairs: x c - y s and y c + x s, each product rounded.
+        if constexpr (kStyle == Style::half_split) {
+            const __m512 x = widen_16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.data + i)), Storage{});
+            const __m512 y = widen_16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.data + pairs + i)), Storage{});
+            const __m512 x_rotated = _mm512_sub_ps(_mm512_mul_ps(x, c), _mm512_mul_ps(y, s));
+            const __m512 y_rotated = _mm512_add_ps(_mm512_mul_ps(y, c), _mm512_mul_ps(x, s));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + i), narrow_16(x_rotated, Storage{}));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + pairs + i), narrow_16(y_rotated, Storage{}));
+        } else {
+            const WidePairs pair = split_pairs(_mm512_loadu_si512(in.data + 2 * i), Storage{});
+            const __m512 x_rotated = _mm512_sub_ps(_mm512_mul_ps(pair.x, c), _mm512_mul_ps(pair.y, s));
+            const __m512 y_rotated = _mm512_add_ps(_mm512_mul_ps(pair.y, c), _mm512_mul_ps(pair.x, s));
+            _mm512_storeu_si512(out.data + 2 * i, join_pairs(x_rotated, y_rotated, Storage{}));
+        }
+    }
+    // The last pairs % 16 pairs take the scalar rule.
+    for (int64_t i = whole; i < pairs; ++i) {
+        const PairIndex pair = pair_elements(kStyle, rotary_dim, i);
+        float x = to_float(in.data[pair.first]);
+        float y = to_float(in.data[pair.second]);
+        rotate_pair(x, y, cos[i], sin[i]);
+        out.data[pair.first] = from_float<Storage>(x);
+        out.data[pair.second] = from_float<Storage>(y);
+    }
+    // Partial rotary: features past rotary_dim are copied through as stored.
+    if (out.data == in.data) return;
+    for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d] = in.data[d];
+}
+#undef ROPE_AVX512
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+
 // A row kernel with style, storage and stride case fixed at compile time.
 template <typename Storage>
 using RowKernel = void (*)(Row<const Storage>, Row<Storage>, const float*, const float*, RowShape);
@@ -270,10 +394,15 @@ template <typename Storage>
 RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand, int64_t rotary_dim) {
     const bool contiguous = operand.in_geometry.stride_dim == 1 && operand.out_geometry.stride_dim == 1;
     if constexpr (!std::is_same_v<Storage, float>) {
+#ifdef ROPE_HAVE_AVX512_KERNEL
+        if (contiguous && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+            return style == Style::half_split ? rotate_avx512<Storage, Style::half_split>
+                                              : rotate_avx512<Storage, Style::interleaved>;
+#endif
 #ifdef ROPE_HAVE_F16C_KERNEL
         if constexpr (std::is_same_v<Storage, float16>) {
             if (contiguous && rotary_dim <= kMaxWidenedDim && __builtin_cpu_supports("avx2") &&
-                __builtin_cpu_supports("f16c"))
+                processor_has_f16c())
                 return style == Style::half_split ? rotate_f16c<Style::half_split> : rotate_f16c<Style::interleaved>;
         }
 #endif
