@@ -286,6 +286,17 @@ std::vector<BadInput> position_form_bad_inputs(rope::Device backend_device) {
         // A caller's cos/sin table.
         table_case("table of bf16", [](Args& a) { a.cos_sin_cache.dtype = rope::DType::bf16; },
                    "cos_sin_cache.dtype = bf16: must be fp32"),
+        // A table of 1024 x 64 floats declared bf16: its bf16 bytes end halfway through its
+        // memory, and k_out is moved to start there (it fits in the other half). Counted as
+        // fp32 the table would reach into k_out, and the call would blame an overlap instead.
+        BadInput{"table of bf16 whose bytes end where k_out begins", [](Call& c) { give_table(c, 1024); },
+                 [](Args& a) {
+                     a.cos_sin_cache.dtype = rope::DType::bf16;
+                     const int64_t half = 1024 * 64 * 2;
+                     REQUIRE(a.k_out.numel() * rope::dtype_size(a.k_out.dtype) <= half);
+                     a.k_out.data = static_cast<char*>(const_cast<void*>(a.cos_sin_cache.data)) + half;
+                 },
+                 "cos_sin_cache.dtype = bf16: must be fp32"},
         call_case("table too short for the positions", [](Call& c) { give_table(c, 7); },
                   "positions = largest 7: must be < cos_sin_cache.rows = 7"),
         call_case("table too short for the unsharded positions of a shard",

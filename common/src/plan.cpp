@@ -98,13 +98,17 @@ Extent extent_of(const TensorView& view) {
 }
 
 // Byte range of a caller's cos/sin table (empty when there is none or it is malformed;
-// check_table names those, except a size that overflows 64 bits, named here).
+// check_table names those, except a size that overflows 64 bits, named here). The
+// elements are counted at the table's own dtype: a wrong one (fp16, bf16) is named by
+// check_table, and counted as 4 bytes here it could seem to reach into the next
+// allocation and be reported as an overlap instead, depending on where memory lies.
 Extent extent_of(const CosSinCache& cache) {
     if (cache.data == nullptr || cache.rows <= 0 || cache.cols <= 0) return {};
     const int64_t row_stride = std::max(cache.row_stride, cache.cols);
     int64_t elements = 0, bytes = 0;
     if (__builtin_mul_overflow(cache.rows - 1, row_stride, &elements) ||
-        __builtin_add_overflow(elements, cache.cols, &elements) || __builtin_mul_overflow(elements, int64_t(4), &bytes))
+        __builtin_add_overflow(elements, cache.cols, &elements) ||
+        __builtin_mul_overflow(elements, dtype_size(cache.dtype), &bytes))
         fail("cos_sin_cache.rows", cache.rows,
              "with row_stride " + std::to_string(row_stride) + ": the table's size overflows 64 bits");
     const auto begin = reinterpret_cast<uintptr_t>(cache.data);
