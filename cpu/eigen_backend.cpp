@@ -312,7 +312,8 @@ ROPE_AVX512 inline __m256i narrow_16(__m512 values, bfloat16 /*storage*/) {
 ROPE_AVX512 inline __m256i narrow_16(__m512 values, float16 /*storage*/) {
     const __m256i halves = _mm512_cvtps_ph(values, _MM_FROUND_TO_NEAREST_INT);
     // A half is a NaN when its magnitude is above infinity's; it becomes sign | 0x7e00.
-    const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(halves, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x7c00));
+    const __m256i magnitude = _mm256_and_si256(halves, _mm256_set1_epi16(0x7fff));
+    const __m256i nan = _mm256_cmpgt_epi16(magnitude, _mm256_set1_epi16(0x7c00));
     const __m256i rope_nan = _mm256_or_si256(_mm256_and_si256(halves, _mm256_set1_epi16(int16_t(0x8000))),
                                              _mm256_set1_epi16(0x7e00));
     return _mm256_blendv_epi8(halves, rope_nan, nan);
@@ -341,6 +342,12 @@ ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, float16 storage) {
                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow_16(y, storage)), 16));
 }
 
+// rotate_pair on sixteen pairs: x c - y s and y c + x s, each product rounded.
+ROPE_AVX512 inline WidePairs rotate_16(WidePairs pair, __m512 c, __m512 s) {
+    return {_mm512_sub_ps(_mm512_mul_ps(pair.x, c), _mm512_mul_ps(pair.y, s)),
+            _mm512_add_ps(_mm512_mul_ps(pair.y, c), _mm512_mul_ps(pair.x, s))};
+}
+
 template <typename Storage, Style kStyle>
 ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin,
                                RowShape shape) {
@@ -348,19 +355,19 @@ ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const fl
     const int64_t whole = pairs - pairs % 16;  // Pairs in groups of sixteen.
     for (int64_t i = 0; i < whole; i += 16) {
         const __m512 c = _mm512_loadu_ps(cos + i), s = _mm512_loadu_ps(sin + i);
-        // rotate_pair on sixteen pairs: x c - y s and y c + x s, each product rounded.
         if constexpr (kStyle == Style::half_split) {
-            const __m512 x = widen_16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.data + i)), Storage{});
-            const __m512 y = widen_16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.data + pairs + i)), Storage{});
-            const __m512 x_rotated = _mm512_sub_ps(_mm512_mul_ps(x, c), _mm512_mul_ps(y, s));
-            const __m512 y_rotated = _mm512_add_ps(_mm512_mul_ps(y, c), _mm512_mul_ps(x, s));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + i), narrow_16(x_rotated, Storage{}));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + pairs + i), narrow_16(y_rotated, Storage{}));
+            // x = features [i, i + 16), y = [pairs + i, pairs + i + 16): two runs of sixteen.
+            auto* x_at = reinterpret_cast<const __m256i*>(in.data + i);
+            auto* y_at = reinterpret_cast<const __m256i*>(in.data + pairs + i);
+            const WidePairs widened{widen_16(_mm256_loadu_si256(x_at), Storage{}),
+                                    widen_16(_mm256_loadu_si256(y_at), Storage{})};
+            const WidePairs rotated = rotate_16(widened, c, s);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + i), narrow_16(rotated.x, Storage{}));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + pairs + i), narrow_16(rotated.y, Storage{}));
         } else {
-            const WidePairs pair = split_pairs(_mm512_loadu_si512(in.data + 2 * i), Storage{});
-            const __m512 x_rotated = _mm512_sub_ps(_mm512_mul_ps(pair.x, c), _mm512_mul_ps(pair.y, s));
-            const __m512 y_rotated = _mm512_add_ps(_mm512_mul_ps(pair.y, c), _mm512_mul_ps(pair.x, s));
-            _mm512_storeu_si512(out.data + 2 * i, join_pairs(x_rotated, y_rotated, Storage{}));
+            // Sixteen pairs = 32 features in a row, one 64-byte load and store.
+            const WidePairs rotated = rotate_16(split_pairs(_mm512_loadu_si512(in.data + 2 * i), Storage{}), c, s);
+            _mm512_storeu_si512(out.data + 2 * i, join_pairs(rotated.x, rotated.y, Storage{}));
         }
     }
     // The last pairs % 16 pairs take the scalar rule.
