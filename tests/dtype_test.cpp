@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -254,7 +255,8 @@ TEST_CASE("large: cpu-eigen's streamed float32 outputs (more than the last-level
 #endif
     const int64_t cache = reported > 0 ? int64_t(reported) : int64_t(32) << 20;
     if (cache > (int64_t(1) << 30)) {
-        MESSAGE("skipped: the last-level cache reported is " << cache << " bytes, more than this test allocates");
+        testing::report_skip("cpu-eigen streaming test", "the last-level cache reported is " + std::to_string(cache) +
+                                                             " bytes, more than this test allocates");
         return;
     }
     const int64_t heads = 32, head_dim = 128;
