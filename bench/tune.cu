@@ -3,7 +3,11 @@
 // bytes, on the benchmark shapes. It is how the defaults in
 // cuda/optimized/backend.cu and unit_kernel.cuh were chosen; it is not a test.
 //
-//   rope-tune [--quick]        prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy
+//   rope-tune [--quick|--focus]  prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy
+//
+// --quick: one setting per variant. --focus: the large shapes only, the
+// backend's variant (4 rows in flight, batched, default caching, 128 threads)
+// at 8, 16 and 32 rows per thread in both row orders (RowOrder), fp16 included.
 //
 // The timing is rope-bench's (bench/timing/: one timer for the project):
 // CUDA events around batches of calls rotating through enough q/k sets to
@@ -46,6 +50,7 @@ const Case kCases[] = {
     {"8x32x4096x128", 8, 32, 32, 4096, 128, Layout::bshd, true, false},
     {"8x32x4096x128", 8, 32, 32, 4096, 128, Layout::bhsd, false, false},
     {"4x32x2048x128", 4, 32, 32, 2048, 128, Layout::bhsd, true, false},
+    {"4x32x2048x128", 4, 32, 32, 2048, 128, Layout::bshd, true, false},
     {"llama3-8b-prefill", 1, 32, 8, 4096, 128, Layout::bshd, true, false},
     {"4x8x256x64", 4, 8, 8, 256, 64, Layout::bhsd, true, true},
     {"decode-1x32x1x128", 1, 32, 32, 1, 128, Layout::bhsd, true, true},
@@ -54,8 +59,9 @@ const Case kCases[] = {
 // The compiled variants of the kernel: how accesses are issued, rows loaded
 // before the first is used, whether the next batch is loaded while the current
 // one is computed, and a register cap (blocks of 256 threads per SM).
-template <typename Access, int RowsInFlight, bool Pipelined, int MinBlocksPerSM>
+template <typename Access, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, bool Staged = false>
 struct Variant {
+    static constexpr bool kStaged = Staged;
     using AccessType = Access;
     static constexpr int kRowsInFlight = RowsInFlight;
     static constexpr bool kPipelined = Pipelined;
@@ -72,7 +78,12 @@ struct Measured {
     double us;
 };
 
-void run_case(const Case& c, DType dtype, Style style, bool quick) {
+enum class Mode { full, quick, focus };
+
+const char* order_name(RowOrder order) { return order == RowOrder::heads ? "heads" : "tokens"; }
+
+void run_case(const Case& c, DType dtype, Style style, Mode mode) {
+    const bool quick = mode == Mode::quick;
     const int64_t element = dtype_size(dtype);
     const size_t q_bytes = size_t(c.batch * c.q_heads * c.seq * c.head_dim * element);
     const size_t k_bytes = size_t(c.batch * c.k_heads * c.seq * c.head_dim * element);
@@ -125,42 +136,51 @@ void run_case(const Case& c, DType dtype, Style style, bool quick) {
     const DeviceInfo device = device_info(0);
     dispatch_dtype(dtype, [&](auto storage) {
         using Storage = decltype(storage);
-        if constexpr (!std::is_same_v<Storage, float16>) {
-            auto variants = [&]<Style kStyle>() {
-                auto sweep = [&]<typename V>(const char* access_name) {
-                    using Path = VectorPath<Storage, kStyle, typename V::AccessType>;
-                    std::vector<LaunchSettings> sweep_settings;
-                    for (int threads : {64, 128, 256})
-                        for (int64_t rows : {1, 2, 4, 8, 16, 32}) {
+        auto variants = [&]<Style kStyle>() {
+            auto sweep = [&]<typename V>(const char* access_name) {
+                using Path = VectorPath<Storage, kStyle, typename V::AccessType>;
+                std::vector<LaunchSettings> sweep_settings;
+                for (int threads : {64, 128, 256})
+                    for (int64_t rows : {1, 2, 4, 8, 16, 32})
+                        for (RowOrder order : {RowOrder::tokens, RowOrder::heads}) {
                             LaunchSettings settings;
                             settings.block_threads = settings.small_block_threads = threads;
                             settings.rows_per_slice = settings.small_rows_per_slice = rows;
+                            settings.row_order = order;
                             // Small shapes: few rows per thread; large: enough rows to share sincosf.
-                            const bool wanted = c.small ? (threads != 256 && rows <= 4) : (threads != 64 && rows >= 4);
-                            if (wanted && (!quick || rows == (c.small ? 2 : 16))) sweep_settings.push_back(settings);
+                            bool wanted = c.small ? (threads != 256 && rows <= 4) : (threads != 64 && rows >= 4);
+                            if (quick) wanted = wanted && rows == (c.small ? 2 : 16);
+                            if (mode == Mode::focus) wanted = wanted && threads == 128 && rows >= 8;
+                            // Small shapes keep the memory order (the rows of one token are few).
+                            if (c.small) wanted = wanted && order == RowOrder::tokens;
+                            if (wanted) sweep_settings.push_back(settings);
                         }
-                    for (const LaunchSettings& settings : sweep_settings) {
-                        const double us = time([&](int64_t call) {
-                            launch_units<Storage, Path, V::kRowsInFlight, V::kPipelined, V::kMinBlocksPerSM, 64>(
-                                plans[size_t(call % sets.sets)], device, settings);
-                        });
-                        char name[128];
-                        std::snprintf(name, sizeof name, "%s-rif%d-%s-minblocks%d-threads%d-rows%" PRId64, access_name,
-                                      V::kRowsInFlight, V::kPipelined ? "pipelined" : "batched", V::kMinBlocksPerSM,
-                                      settings.block_threads, settings.rows_per_slice);
-                        results.push_back({name, us});
-                    }
-                };
+                for (const LaunchSettings& settings : sweep_settings) {
+                    const double us = time([&](int64_t call) {
+                        launch_units<Storage, Path, V::kRowsInFlight, V::kPipelined, V::kMinBlocksPerSM, 64,
+                                     V::kStaged>(plans[size_t(call % sets.sets)], device, settings);
+                    });
+                    char name[128];
+                    std::snprintf(name, sizeof name, "%s%s-rif%d-%s-minblocks%d-threads%d-rows%" PRId64 "-%s",
+                                  access_name, V::kStaged ? "-staged" : "", V::kRowsInFlight,
+                                  V::kPipelined ? "pipelined" : "batched",
+                                  V::kMinBlocksPerSM, settings.block_threads, settings.rows_per_slice,
+                                  order_name(settings.row_order));
+                    results.push_back({name, us});
+                }
+            };
+            if (mode != Mode::focus) {
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 1>>("streaming");
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 2>>("streaming");
                 sweep.template operator()<Variant<StreamingAccess, 4, false, 1>>("streaming");
                 sweep.template operator()<Variant<StreamingAccess, 2, false, 1>>("streaming");
                 sweep.template operator()<Variant<DefaultAccess, 2, true, 1>>("default");
-                sweep.template operator()<Variant<DefaultAccess, 4, false, 1>>("default");
-            };
-            if (style == Style::half_split) variants.template operator()<Style::half_split>();
-            else variants.template operator()<Style::interleaved>();
-        }
+            }
+            sweep.template operator()<Variant<DefaultAccess, 4, false, 1>>("default");
+            sweep.template operator()<Variant<DefaultAccess, 4, false, 1, true>>("default");
+        };
+        if (style == Style::half_split) variants.template operator()<Style::half_split>();
+        else variants.template operator()<Style::interleaved>();
     });
     std::sort(results.begin() + 1, results.end(), [](const Measured& a, const Measured& b) { return a.us < b.us; });
     for (const Measured& m : results)
@@ -173,7 +193,10 @@ void run_case(const Case& c, DType dtype, Style style, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    const Mode mode = argc < 2                                ? Mode::full
+                      : std::strcmp(argv[1], "--quick") == 0 ? Mode::quick
+                      : std::strcmp(argv[1], "--focus") == 0 ? Mode::focus
+                                                             : Mode::full;
     const std::string reason = cuda_unavailable_reason();
     if (!reason.empty()) {
         std::printf("rope-tune: skipped: %s\n", reason.c_str());
@@ -183,13 +206,16 @@ int main(int argc, char** argv) {
         std::printf("# rope-tune on %s\n", rope_bench::cuda_device_name());
         std::printf("TUNE,case,layout,dtype,style,placement,variant,copy_us,us,pct_of_copy\n");
         for (const Case& c : kCases)
-            for (DType dtype : {DType::f32, DType::bf16})
+            for (DType dtype : {DType::f32, DType::bf16, DType::f16})
                 for (Style style : {Style::half_split, Style::interleaved}) {
+                    if (c.small && mode == Mode::focus) continue;
+                    const bool fp16_case = mode == Mode::focus && std::string(c.name) == "8x32x4096x128";
+                    if (dtype == DType::f16 && !fp16_case) continue;
                     // Interleaved rows have the half-split access pattern (vector_layout.hpp):
                     // one case of them suffices. The Llama shape's goal is bf16.
                     if (style == Style::interleaved && (c.layout != Layout::bhsd || !c.in_place || c.small)) continue;
                     if (std::string(c.name) == "llama3-8b-prefill" && dtype != DType::bf16) continue;
-                    run_case(c, dtype, style, quick);
+                    run_case(c, dtype, style, mode);
                 }
     } catch (const std::exception& error) {
         std::printf("rope-tune: error: %s\n", error.what());

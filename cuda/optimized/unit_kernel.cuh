@@ -25,10 +25,13 @@
 ///     fills the GPU), or, with a software pipeline (small calls, where a
 ///     thread has few rows), issues the next batch's loads before it computes
 ///     the current one; and it issues its first loads before computing sincosf.
-///  4. A grid shaped for both regimes. Long sequences: many short-lived
-///     blocks, several waves over all SMs, so the tail is short. Decode (one
-///     token, many heads): the heads are split over many small blocks, so the
-///     few kilobytes are fetched by many SMs at once and no thread idles.
+///  4. A grid shaped for both regimes, laid over memory in its own order.
+///     Long sequences: many short-lived blocks, several waves over all SMs,
+///     so the tail is short. Decode (one token, many heads): the heads are
+///     split over many small blocks, so the few kilobytes are fetched by many
+///     SMs at once and no thread idles. Either way the threads of a warp take
+///     rows that are neighbours in memory (RowOrder), so that each step of a
+///     warp reads one contiguous stretch rather than rows kilobytes apart.
 ///  5. A prologue that overlaps the previous kernel (programmatic dependent
 ///     launch, Hopper). With it, the grid starts before the previous kernel in
 ///     the stream has finished; everything that needs no memory (the indices,
@@ -59,6 +62,14 @@ inline constexpr int kMaxBlockThreads = 256;
 /// Thread slots of one SM on every GPU since Volta.
 inline constexpr int64_t kThreadSlotsPerSM = 2048;
 
+/// @brief Which neighbours the units of a block are (4. above): a unit is one token's
+/// slice of rows, and consecutive units go to neighbouring threads.
+enum class RowOrder {
+    memory,  ///< Whichever of the two below makes the neighbours adjacent in q's memory (the backend's).
+    tokens,  ///< Neighbouring tokens, same rows; a unit's rows consecutive (bhsd: the same head, next token).
+    heads,   ///< The same token, neighbouring rows: unit l of a token takes rows l, l + slices, ... (bshd, thd).
+};
+
 /// @brief The launch shape (4. above). The defaults are the backend's; the tuning
 /// sweep (bench/tune.cu) times others against them.
 struct LaunchSettings {
@@ -73,17 +84,23 @@ struct LaunchSettings {
     /// Rows per thread below one wave of work: with the prologue overlapping the
     /// previous kernel (5. above), a second row costs less than more threads.
     int64_t small_rows_per_slice = 2;
+    /// How units are laid over the rows (the sweep forces each to compare them).
+    RowOrder row_order = RowOrder::memory;
 };
 
 /// @brief Everything the kernel needs, passed by value (kernel_args.cuh says why).
 ///
 /// Work decomposition: the head rows of a token (q's heads, then k's) are cut
-/// into `slices` of `rows_per_slice` consecutive rows; a *unit* is one
+/// into `slices` of at most `rows_per_slice` rows; a *unit* is one
 /// (token, slice). Threads with the same threadIdx.y share a unit, and
 /// threadIdx.x picks the chunk of the row: rotating chunks first, then
-/// pass-through chunks. Units are numbered slice-major (consecutive units are
-/// consecutive tokens of one slice): a block's threads then take neighbouring
-/// tokens of the same heads, adjacent rows in [b, h, s, d] memory.
+/// pass-through chunks. Consecutive units go to neighbouring threads, so the
+/// numbering follows memory (RowOrder): with `heads_adjacent` false, units are
+/// numbered slice-major (consecutive tokens of one slice, whose rows are
+/// adjacent in [b, h, s, d] memory) and a slice is a run of consecutive rows;
+/// with it true, token-major, and slice l of a token is rows l, l + slices,
+/// l + 2 slices, ... (so that at each step a warp's units touch consecutive
+/// rows of one token, adjacent in [b, s, h, d] memory).
 template <int Capacity>
 struct UnitArgs {
     Operand operands[2];       ///< [0] = q, [1] = k (k may have no heads).
@@ -99,9 +116,20 @@ struct UnitArgs {
     int64_t rotary_chunks;     ///< Chunks of a row that rotate.
     int64_t chunks;            ///< Rotating plus pass-through chunks (none when nothing needs copying).
     int64_t rows_per_slice;
+    int64_t slices;            ///< Units per token.
     int64_t units;             ///< tokens * slices.
+    bool heads_adjacent;       ///< RowOrder::heads: units numbered token-major, a slice's rows strided.
     FastDivisor by_seq;        ///< token -> (b, s).
-    FastDivisor by_tokens;     ///< unit -> (slice, token).
+    FastDivisor by_tokens;     ///< unit -> (slice, token), slice-major numbering.
+    FastDivisor by_slices;     ///< unit -> (token, slice), token-major numbering.
+};
+
+/// @brief The rows of one unit: row(i) = first + i * step, for i < count.
+struct RowSpan {
+    int64_t first;
+    int64_t step;
+    int64_t count;
+    __device__ int64_t row(int64_t i) const { return first + i * step; }
 };
 
 /// @brief Where the rows of one token start, in q and k, input and output: computed
@@ -167,24 +195,25 @@ struct PreviousGrid {
     }
 };
 
-/// Rotates chunk @p chunk of rows [row_begin, row_end) of token (b, s).
+/// Rotates chunk @p chunk of the rows @p rows of token (b, s).
 ///
 /// Batches of RowsInFlight rows, loaded together before any is used. With
 /// Pipelined, a software pipeline: the loads of the next batch are issued
 /// before the current batch is rotated and stored, so memory requests stay in
 /// flight while the thread computes (3. above). Safe in place too: a batch's
 /// stores touch only its own rows.
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int Capacity>
-__device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token, int64_t b,
-                                   int64_t s, int64_t row_begin, int64_t row_end, int64_t chunk,
-                                   PreviousGrid& previous) {
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int Capacity, typename Angles>
+__device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const Angles& angles,
+                                   const TokenRows<Storage>& token, int64_t b, int64_t s, const RowSpan& rows,
+                                   int64_t chunk, PreviousGrid& previous) {
     typename Path::Chunk current[RowsInFlight], next[RowsInFlight];
     // Row addresses are recomputed at the store (one multiply-add) rather than
     // kept: registers, not arithmetic, limit how many threads fit on an SM.
     auto load_batch = [&](typename Path::Chunk (&batch)[RowsInFlight], int64_t first) {
 #pragma unroll
         for (int u = 0; u < RowsInFlight; ++u)
-            if (first + u < row_end) batch[u] = Path::load(locate_row(args, token, first + u), chunk, args.rotary_dim);
+            if (first + u < rows.count)
+                batch[u] = Path::load(locate_row(args, token, rows.row(first + u)), chunk, args.rotary_dim);
     };
     // cos/sin of this thread's pairs at this token, computed once and reused
     // for every row below (2. above). Positions given as an offset need no
@@ -197,28 +226,27 @@ __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRo
 #pragma unroll
         for (int p = 0; p < Path::kPairs; ++p) {
             const int64_t pair = Path::pair_of(chunk, p, args.rotary_dim);
-            rotation_factors(args.angles, positions.of_pair(args.angles, args.axes, pair), pair, cos_angle[p],
-                             sin_angle[p]);
+            rotation_factors(angles, positions.of_pair(angles, args.axes, pair), pair, cos_angle[p], sin_angle[p]);
         }
     };
     if (!args.positions_in_memory) {
         compute_factors();
         previous.wait();
-        load_batch(current, row_begin);
+        load_batch(current, 0);
     } else {
         previous.wait();
-        load_batch(current, row_begin);
+        load_batch(current, 0);
         compute_factors();
     }
 
-    for (int64_t first = row_begin;; first += RowsInFlight) {
-        const bool more = first + RowsInFlight < row_end;
+    for (int64_t first = 0;; first += RowsInFlight) {
+        const bool more = first + RowsInFlight < rows.count;
         if (Pipelined && more) load_batch(next, first + RowsInFlight);  // In flight while this batch is computed.
 #pragma unroll
         for (int u = 0; u < RowsInFlight; ++u) {
-            if (first + u < row_end) {
+            if (first + u < rows.count) {
                 Path::rotate(current[u], cos_angle, sin_angle);
-                Path::store(locate_row(args, token, first + u), chunk, args.rotary_dim, current[u]);
+                Path::store(locate_row(args, token, rows.row(first + u)), chunk, args.rotary_dim, current[u]);
             }
         }
         if (!more) break;
@@ -231,24 +259,97 @@ __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRo
     }
 }
 
-/// Copies pass-through chunk @p pass_chunk of rows [row_begin, row_end) of a token,
+/// Copies pass-through chunk @p pass_chunk of the rows @p rows of a token,
 /// skipping rows rotated in place (their pass-through features already are where they belong).
 template <typename Storage, typename Path, int RowsInFlight, int Capacity>
-__device__ inline void copy_rows(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token, int64_t row_begin,
-                                 int64_t row_end, int64_t pass_chunk, PreviousGrid& previous) {
+__device__ inline void copy_rows(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token, const RowSpan& rows,
+                                 int64_t pass_chunk, PreviousGrid& previous) {
     const int64_t feature = args.rotary_dim + pass_chunk * Path::kPassWidth;
     previous.wait();
-    for (int64_t first = row_begin; first < row_end; first += RowsInFlight) {
+    for (int64_t first = 0; first < rows.count; first += RowsInFlight) {
         typename Path::Pass data[RowsInFlight];
         bool copy[RowsInFlight];
 #pragma unroll
         for (int u = 0; u < RowsInFlight; ++u) {
-            copy[u] = first + u < row_end && !in_place(args, first + u);
-            if (copy[u]) data[u] = Path::load_pass(locate_row(args, token, first + u), feature);
+            copy[u] = first + u < rows.count && !in_place(args, rows.row(first + u));
+            if (copy[u]) data[u] = Path::load_pass(locate_row(args, token, rows.row(first + u)), feature);
         }
 #pragma unroll
         for (int u = 0; u < RowsInFlight; ++u)
-            if (copy[u]) Path::store_pass(locate_row(args, token, first + u), feature, data[u]);
+            if (copy[u]) Path::store_pass(locate_row(args, token, rows.row(first + u)), feature, data[u]);
+    }
+}
+
+/// @brief The per-pair angle arguments in shared memory (StagedAngles).
+template <int Capacity>
+struct AngleStage {
+    float inv_freq[Capacity];
+    float inv_freq_low[Capacity];
+    uint8_t pair_axis[Capacity];
+};
+
+/// @brief The angle rule as rotation_factors() reads it, its per-pair arrays in shared memory.
+///
+/// In the kernel parameters (constant memory) the arrays cost a warp one
+/// serialised access per distinct pair it reads: a warp's threads hold
+/// different pairs, so every inv_freq or pair_axis read is replayed for each.
+/// Shared memory serves the 32 different addresses of a warp in one access.
+/// Worth it when each block rotates many rows (the bandwidth regime); a
+/// latency-bound launch would only wait for the extra barrier.
+struct StagedAngles {
+    const float* inv_freq;      ///< AngleArgs::inv_freq, staged.
+    const float* inv_freq_low;  ///< AngleArgs::inv_freq_low, staged when precise.
+    const uint8_t* pair_axis;   ///< AngleArgs::pair_axis, staged with several axes.
+    float cos_scale;            ///< AngleArgs::cos_scale.
+    float sin_scale;            ///< AngleArgs::sin_scale.
+    bool precise;               ///< AngleArgs::precise.
+    CosSinTable table;          ///< AngleArgs::table.
+};
+
+/// Copies what the call reads of @p angles into @p stage (the whole block takes part) and
+/// returns the rule that reads it there. Parameters only: no need to wait for the previous kernel.
+template <int Capacity>
+__device__ inline StagedAngles stage_angles(const AngleArgs<Capacity>& angles, int64_t pairs, int64_t axes,
+                                            AngleStage<Capacity>& stage) {
+    const int64_t thread = int64_t(threadIdx.y) * blockDim.x + threadIdx.x;
+    for (int64_t i = thread; i < pairs; i += int64_t(blockDim.x) * blockDim.y) {
+        stage.inv_freq[i] = angles.inv_freq[i];
+        if (angles.precise) stage.inv_freq_low[i] = angles.inv_freq_low[i];
+        if (axes > 1) stage.pair_axis[i] = angles.pair_axis[i];
+    }
+    __syncthreads();
+    return {stage.inv_freq, stage.inv_freq_low, stage.pair_axis, angles.cos_scale, angles.sin_scale, angles.precise,
+            angles.table};
+}
+
+/// Rotates every unit of this thread (a grid-stride loop: the grid may be capped).
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int Capacity, typename Angles>
+__device__ inline void rotate_units(const UnitArgs<Capacity>& args, const Angles& angles) {
+    PreviousGrid previous;  // Waited for before the first global memory access.
+    const int64_t step = int64_t(gridDim.x) * blockDim.y;
+    for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
+        int64_t token;
+        RowSpan rows;
+        if (args.heads_adjacent) {  // Token-major: slice l of a token is rows l, l + slices, ...
+            token = args.by_slices.divide(unit);
+            const int64_t slice = unit - token * args.slices;
+            rows = {slice, args.slices, (args.rows - slice + args.slices - 1) / args.slices};
+        } else {  // Slice-major: a slice is a run of consecutive rows.
+            const int64_t slice = args.by_tokens.divide(unit);
+            token = unit - slice * args.tokens;
+            const int64_t first = slice * args.rows_per_slice;
+            rows = {first, 1, min(args.rows_per_slice, args.rows - first)};
+        }
+        const int64_t b = args.by_seq.divide(token);
+        const int64_t s = token - b * args.seq;
+        const TokenRows<Storage> token_start = token_rows<Storage>(args, b, s);
+        for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
+            if (chunk < args.rotary_chunks)
+                rotate_rows<Storage, Path, RowsInFlight, Pipelined>(args, angles, token_start, b, s, rows, chunk,
+                                                                    previous);
+            else
+                copy_rows<Storage, Path, RowsInFlight>(args, token_start, rows, chunk - args.rotary_chunks, previous);
+        }
     }
 }
 
@@ -260,7 +361,8 @@ __device__ inline void copy_rows(const UnitArgs<Capacity>& args, const TokenRows
 /// threads, hence more bytes in flight, as long as nothing spills.
 /// __grid_constant__ lets device functions take references into the
 /// parameters without a per-thread copy to local memory.
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity>
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity,
+          bool Staged>
 __global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
     rope_unit_kernel(const __grid_constant__ UnitArgs<Capacity> args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -268,23 +370,12 @@ __global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
     // stream start its own prologue while this one runs.
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
-    PreviousGrid previous;  // Waited for before the first global memory access.
-    const int64_t step = int64_t(gridDim.x) * blockDim.y;
-    for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
-        const int64_t slice = args.by_tokens.divide(unit);
-        const int64_t token = unit - slice * args.tokens;
-        const int64_t b = args.by_seq.divide(token);
-        const int64_t s = token - b * args.seq;
-        const int64_t row_begin = slice * args.rows_per_slice;
-        const int64_t row_end = min(row_begin + args.rows_per_slice, args.rows);
-        const TokenRows<Storage> rows = token_rows<Storage>(args, b, s);
-        for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
-            if (chunk < args.rotary_chunks)
-                rotate_rows<Storage, Path, RowsInFlight, Pipelined>(args, rows, b, s, row_begin, row_end, chunk, previous);
-            else
-                copy_rows<Storage, Path, RowsInFlight>(args, rows, row_begin, row_end, chunk - args.rotary_chunks,
-                                                       previous);
-        }
+    if constexpr (Staged) {
+        __shared__ AngleStage<Capacity> stage;
+        const StagedAngles angles = stage_angles(args.angles, args.rotary_dim / 2, args.axes, stage);
+        rotate_units<Storage, Path, RowsInFlight, Pipelined>(args, angles);
+    } else {
+        rotate_units<Storage, Path, RowsInFlight, Pipelined>(args, args.angles);
     }
 }
 
@@ -350,13 +441,22 @@ inline bool bandwidth_regime(const Plan& plan, int64_t chunks, const DeviceInfo&
     return plan.batch * plan.seq * rows * block_x >= int64_t(device.multiprocessors) * kThreadSlotsPerSM;
 }
 
+/// @brief True when q's rows of one token lie closer together in memory than one row's
+/// neighbouring tokens (bshd, thd): RowOrder::memory then lays units over heads.
+inline bool heads_adjacent_in_memory(const Plan& plan) {
+    const Geometry& q = plan.q.in_geometry;
+    return q.heads > 1 && q.seq > 1 && q.stride_head < q.stride_seq;
+}
+
 /// @brief Builds the kernel arguments and grid for @p plan and launches on plan.stream.
 /// @tparam Path VectorPath or GenericPath, for the plan's storage and style.
 /// @tparam RowsInFlight rows a thread loads before it uses the first (3. above).
 /// @tparam Pipelined whether the next batch's loads are issued before this batch is computed.
 /// @tparam MinBlocksPerSM blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
 /// @tparam Capacity pairs the angle arguments hold (>= plan.pairs).
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity>
+/// @tparam Staged whether blocks first copy the per-pair angle arguments to shared memory (StagedAngles).
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity,
+          bool Staged>
 void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettings& settings) {
     UnitArgs<Capacity> args{};
     args.operands[0] = plan.q;
@@ -379,13 +479,16 @@ void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettin
     const int64_t block_x = std::min<int64_t>(args.chunks, settings.block_threads);
     const bool bandwidth = bandwidth_regime(plan, args.chunks, device, settings);
     args.rows_per_slice = std::min(bandwidth ? settings.rows_per_slice : settings.small_rows_per_slice, args.rows);
-    const int64_t slices = (args.rows + args.rows_per_slice - 1) / args.rows_per_slice;
-    args.units = args.tokens * slices;
+    args.slices = (args.rows + args.rows_per_slice - 1) / args.rows_per_slice;
+    args.units = args.tokens * args.slices;
+    args.heads_adjacent = settings.row_order == RowOrder::heads ||
+                          (settings.row_order == RowOrder::memory && heads_adjacent_in_memory(plan));
     const int threads = bandwidth ? settings.block_threads : settings.small_block_threads;
     const int64_t block_y = std::max<int64_t>(1, threads / block_x);
     const int64_t blocks = (args.units + block_y - 1) / block_y;
     args.by_seq = FastDivisor(args.seq);
     args.by_tokens = FastDivisor(args.tokens);
+    args.by_slices = FastDivisor(args.slices);
 
     cudaLaunchConfig_t config =
         launch_config(dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX))),  // The unit loop covers the rest.
@@ -397,7 +500,7 @@ void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettin
     config.attrs = &programmatic;
     config.numAttrs = device.programmatic_launch ? 1 : 0;
     launch_kernel("rope_unit_kernel", config,
-                  rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, Capacity>, args);
+                  rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, Capacity, Staged>, args);
 }
 
 }  // namespace rope::cuda_detail

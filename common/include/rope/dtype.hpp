@@ -106,6 +106,15 @@ ROPE_HOST_DEVICE inline uint32_t select_bits(bool condition, uint32_t if_true, u
 /// @param value the binary16 value.
 /// @return the same value as float32.
 ROPE_HOST_DEVICE inline float to_float(float16 value) {
+#if defined(__CUDA_ARCH__)
+    // On the GPU one instruction widens exactly, where the integer code below
+    // takes about a dozen, for every element an fp16 kernel reads. With that
+    // code cuda-optimized measured 59% of a copy in fp16 against 96% in bf16
+    // (H200, 2026-12-02, [8,32,4096,128]).
+    float widened;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(widened) : "h"(value.bits));
+    return widened;
+#else
     const uint32_t sign = uint32_t(value.bits & 0x8000u) << 16;
     const uint32_t exponent = value.bits & 0x7c00u;
     // Exponent and mantissa moved to float32's places (10 mantissa bits become the top of 23).
@@ -116,6 +125,7 @@ ROPE_HOST_DEVICE inline float to_float(float16 value) {
     // Zero or subnormal: mantissa * 2^-24, exactly representable in float32.
     const uint32_t tiny = float_bits(float(value.bits & 0x3ffu) * 5.9604644775390625e-8f);
     return bits_to_float(sign | select_bits(exponent == 0x7c00u, inf_or_nan, select_bits(exponent == 0, tiny, normal)));
+#endif
 }
 
 /// @brief Rounds float32 to bfloat16, to nearest with ties to even; NaN stays NaN.
