@@ -7,7 +7,8 @@
 //
 // --quick: one setting per variant. --focus: the large shapes only, the
 // backend's variant (4 rows in flight, batched, default caching, 128 threads)
-// at 8, 16 and 32 rows per thread in both row orders (RowOrder), fp16 included.
+// at 8 and 16 rows per thread in the memory order (RowOrder), with and
+// without a register cap, fp16 included. The full sweep forces both orders.
 //
 // The timing is rope-bench's (bench/timing/: one timer for the project):
 // CUDA events around batches of calls rotating through enough q/k sets to
@@ -59,9 +60,8 @@ const Case kCases[] = {
 // The compiled variants of the kernel: how accesses are issued, rows loaded
 // before the first is used, whether the next batch is loaded while the current
 // one is computed, and a register cap (blocks of 256 threads per SM).
-template <typename Access, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, bool Staged = false>
+template <typename Access, int RowsInFlight, bool Pipelined, int MinBlocksPerSM>
 struct Variant {
-    static constexpr bool kStaged = Staged;
     using AccessType = Access;
     static constexpr int kRowsInFlight = RowsInFlight;
     static constexpr bool kPipelined = Pipelined;
@@ -80,7 +80,9 @@ struct Measured {
 
 enum class Mode { full, quick, focus };
 
-const char* order_name(RowOrder order) { return order == RowOrder::heads ? "heads" : "tokens"; }
+const char* order_name(RowOrder order) {
+    return order == RowOrder::heads ? "heads" : order == RowOrder::tokens ? "tokens" : "memory";
+}
 
 void run_case(const Case& c, DType dtype, Style style, Mode mode) {
     const bool quick = mode == Mode::quick;
@@ -142,7 +144,7 @@ void run_case(const Case& c, DType dtype, Style style, Mode mode) {
                 std::vector<LaunchSettings> sweep_settings;
                 for (int threads : {64, 128, 256})
                     for (int64_t rows : {1, 2, 4, 8, 16, 32})
-                        for (RowOrder order : {RowOrder::tokens, RowOrder::heads}) {
+                        for (RowOrder order : {RowOrder::tokens, RowOrder::heads, RowOrder::memory}) {
                             LaunchSettings settings;
                             settings.block_threads = settings.small_block_threads = threads;
                             settings.rows_per_slice = settings.small_rows_per_slice = rows;
@@ -150,20 +152,24 @@ void run_case(const Case& c, DType dtype, Style style, Mode mode) {
                             // Small shapes: few rows per thread; large: enough rows to share sincosf.
                             bool wanted = c.small ? (threads != 256 && rows <= 4) : (threads != 64 && rows >= 4);
                             if (quick) wanted = wanted && rows == (c.small ? 2 : 16);
-                            if (mode == Mode::focus) wanted = wanted && threads == 128 && rows >= 8;
+                            // Focus: the memory order (the backend's), measured best against the two forced ones.
+                            const bool focus_setting = threads == 128 && (rows == 8 || rows == 16);
+                            if (mode == Mode::focus)
+                                wanted = wanted && focus_setting && order == RowOrder::memory;
+                            else
+                                wanted = wanted && order != RowOrder::memory;
                             // Small shapes keep the memory order (the rows of one token are few).
                             if (c.small) wanted = wanted && order == RowOrder::tokens;
                             if (wanted) sweep_settings.push_back(settings);
                         }
                 for (const LaunchSettings& settings : sweep_settings) {
                     const double us = time([&](int64_t call) {
-                        launch_units<Storage, Path, V::kRowsInFlight, V::kPipelined, V::kMinBlocksPerSM, 64,
-                                     V::kStaged>(plans[size_t(call % sets.sets)], device, settings);
+                        launch_units<Storage, Path, V::kRowsInFlight, V::kPipelined, V::kMinBlocksPerSM, 64>(
+                            plans[size_t(call % sets.sets)], device, settings);
                     });
                     char name[128];
-                    std::snprintf(name, sizeof name, "%s%s-rif%d-%s-minblocks%d-threads%d-rows%" PRId64 "-%s",
-                                  access_name, V::kStaged ? "-staged" : "", V::kRowsInFlight,
-                                  V::kPipelined ? "pipelined" : "batched",
+                    std::snprintf(name, sizeof name, "%s-rif%d-%s-minblocks%d-threads%d-rows%" PRId64 "-%s",
+                                  access_name, V::kRowsInFlight, V::kPipelined ? "pipelined" : "batched",
                                   V::kMinBlocksPerSM, settings.block_threads, settings.rows_per_slice,
                                   order_name(settings.row_order));
                     results.push_back({name, us});
@@ -177,7 +183,10 @@ void run_case(const Case& c, DType dtype, Style style, Mode mode) {
                 sweep.template operator()<Variant<DefaultAccess, 2, true, 1>>("default");
             }
             sweep.template operator()<Variant<DefaultAccess, 4, false, 1>>("default");
-            sweep.template operator()<Variant<DefaultAccess, 4, false, 1, true>>("default");
+            if (mode == Mode::focus) {  // A register cap: 3 or 4 blocks of 256 threads per SM.
+                sweep.template operator()<Variant<DefaultAccess, 4, false, 3>>("default");
+                sweep.template operator()<Variant<DefaultAccess, 4, false, 4>>("default");
+            }
         };
         if (style == Style::half_split) variants.template operator()<Style::half_split>();
         else variants.template operator()<Style::interleaved>();

@@ -38,7 +38,7 @@ template <int Capacity>
 struct AngleArgs {
     float inv_freq[Capacity];      ///< theta_i in float32, for i < plan.pairs; the rest is unused.
     float inv_freq_low[Capacity];  ///< theta_i - inv_freq, in float32.
-    uint8_t pair_axis[Capacity];   ///< Position axis of each pair.
+    alignas(8) uint8_t pair_axis[Capacity];  ///< Position axis of each pair (aligned: read 8 at a time).
     float cos_scale;               ///< AngleRule::cos_scale.
     float sin_scale;               ///< AngleRule::sin_scale.
     bool precise;                  ///< RopeConfig::precise_angles.

@@ -31,7 +31,6 @@ constexpr int kSmallCapacity = 64;
 ///   0.5-3 points slower), 128-thread blocks; 8 rows per thread for float32,
 ///   16 for the 2-byte types (whose chunk holds twice the pairs, so fewer
 ///   threads share a token and each needs more rows to amortise its sincosf);
-///   the per-pair angle arguments staged in shared memory (StagedAngles);
 /// - latency regime: 2 rows in flight, pipelined, 2 rows per thread;
 /// - any view the 16-byte path cannot take: the generic path, 4 rows in flight.
 template <typename Storage, Style kStyle, int Capacity>
@@ -40,9 +39,9 @@ void launch_vector(const Plan& plan, const DeviceInfo& device) {
     settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
     using Path = VectorPath<Storage, kStyle, DefaultAccess>;
     if (bandwidth_regime(plan, chunks_per_row<Path>(plan), device, settings))
-        launch_units<Storage, Path, 4, false, 1, Capacity, true>(plan, device, settings);
+        launch_units<Storage, Path, 4, false, 1, Capacity>(plan, device, settings);
     else
-        launch_units<Storage, Path, 2, true, 1, Capacity, false>(plan, device, settings);
+        launch_units<Storage, Path, 2, true, 1, Capacity>(plan, device, settings);
 }
 
 template <typename Storage, Style kStyle, int Capacity>
@@ -50,8 +49,7 @@ void launch_styled(const Plan& plan, const DeviceInfo& device) {
     if (vector_path_fits<Storage>(plan))
         launch_vector<Storage, kStyle, Capacity>(plan, device);
     else
-        launch_units<Storage, GenericPath<Storage, kStyle>, 4, true, 1, Capacity, false>(plan, device,
-                                                                                          LaunchSettings{});
+        launch_units<Storage, GenericPath<Storage, kStyle>, 4, true, 1, Capacity>(plan, device, LaunchSettings{});
 }
 
 template <typename Storage, int Capacity>

@@ -4,8 +4,8 @@
 /// head row (internal to the CUDA backends).
 ///
 /// Two access paths define what a chunk is; both expose the same static
-/// interface (kPairs, kPassWidth, Chunk, Pass, pair_of, load, rotate, store,
-/// load_pass, store_pass), so one kernel serves both:
+/// interface (kPairs, kPassWidth, Chunk, Pass, pair_of, load_pair_axes, load,
+/// rotate, store, load_pass, store_pass), so one kernel serves both:
 ///
 /// - VectorPath: a chunk is two 16-byte vectors (vector_layout.hpp), each
 ///   moved with one 128-bit load and one 128-bit store. The fast path, used
@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "rope/dtype.hpp"
 #include "rope/rotation.hpp"
@@ -77,6 +78,17 @@ __device__ inline void store16(Storage* target, const Vector16<Storage>& vector)
     Access::store(target, raw);
 }
 
+/// @brief Copies @p N consecutive bytes (2, 4 or 8) starting at @p source, a multiple of @p N
+/// bytes, with one read: one constant-bank access where @p source is a kernel parameter.
+template <int N>
+__device__ inline void read_bytes(const uint8_t* source, uint8_t* target) {
+    static_assert(N == 2 || N == 4 || N == 8, "read_bytes: 2, 4 or 8 bytes");
+    using Word = std::conditional_t<N == 8, uint64_t, std::conditional_t<N == 4, uint32_t, uint16_t>>;
+    const Word word = *reinterpret_cast<const Word*>(source);
+#pragma unroll
+    for (int i = 0; i < N; ++i) target[i] = uint8_t(word >> (8 * i));  // Little-endian: byte i is source[i].
+}
+
 /// @brief The 16-byte path for contiguous, aligned rows, specialised on the pairing style
 /// (vector_layout.hpp says which pairs a chunk holds).
 /// @tparam Access how the 16-byte accesses are issued (DefaultAccess or StreamingAccess)
@@ -96,6 +108,17 @@ struct VectorPath {
     /// Pair held by slot @p slot of chunk @p chunk.
     ROPE_HOST_DEVICE static int64_t pair_of(int64_t chunk, int slot, int64_t rotary_dim) {
         return vector_pair_of(kStyle, kWidth, chunk, slot, rotary_dim);
+    }
+
+    /// The axis of each pair of chunk @p chunk (slot order), from @p pair_axis (AngleArgs::pair_axis,
+    /// 8-byte aligned): a chunk's pairs are one run of consecutive indices (half-split) or two
+    /// (interleaved), each read as one word.
+    __device__ static void load_pair_axes(const uint8_t* pair_axis, int64_t chunk, int64_t rotary_dim,
+                                          uint8_t (&axis)[kPairs]) {
+        constexpr int kRun = kStyle == Style::half_split ? kPairs : kPairs / 2;
+#pragma unroll
+        for (int slot = 0; slot < kPairs; slot += kRun)
+            read_bytes<kRun>(pair_axis + pair_of(chunk, slot, rotary_dim), &axis[slot]);
     }
 
     /// Reads chunk @p chunk of a row.
@@ -159,6 +182,11 @@ struct GenericPath {
 
     /// A chunk is one pair.
     ROPE_HOST_DEVICE static int64_t pair_of(int64_t chunk, int, int64_t) { return chunk; }
+
+    /// The axis of the chunk's one pair.
+    __device__ static void load_pair_axes(const uint8_t* pair_axis, int64_t pair, int64_t, uint8_t (&axis)[1]) {
+        axis[0] = pair_axis[pair];
+    }
 
     /// Reads pair @p pair of a row (its two features, through the stride).
     __device__ static Chunk load(const RowRef<Storage>& row, int64_t pair, int64_t rotary_dim) {

@@ -202,10 +202,9 @@ struct PreviousGrid {
 /// before the current batch is rotated and stored, so memory requests stay in
 /// flight while the thread computes (3. above). Safe in place too: a batch's
 /// stores touch only its own rows.
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int Capacity, typename Angles>
-__device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const Angles& angles,
-                                   const TokenRows<Storage>& token, int64_t b, int64_t s, const RowSpan& rows,
-                                   int64_t chunk, PreviousGrid& previous) {
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int Capacity>
+__device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token, int64_t b,
+                                   int64_t s, const RowSpan& rows, int64_t chunk, PreviousGrid& previous) {
     typename Path::Chunk current[RowsInFlight], next[RowsInFlight];
     // Row addresses are recomputed at the store (one multiply-add) rather than
     // kept: registers, not arithmetic, limit how many threads fit on an SM.
@@ -223,10 +222,16 @@ __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const Angles&
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
     auto compute_factors = [&] {
         const TokenPositions positions = token_positions(args.positions, args.axes, b, s);
+        // With several axes, each pair's axis (TokenPositions::of_pair), read for the
+        // whole chunk at once: a warp's threads hold different pairs, and the
+        // constant bank serialises a warp's reads of different addresses.
+        uint8_t axis[Path::kPairs] = {};
+        if (args.axes > 1) Path::load_pair_axes(args.angles.pair_axis, chunk, args.rotary_dim, axis);
 #pragma unroll
         for (int p = 0; p < Path::kPairs; ++p) {
-            const int64_t pair = Path::pair_of(chunk, p, args.rotary_dim);
-            rotation_factors(angles, positions.of_pair(angles, args.axes, pair), pair, cos_angle[p], sin_angle[p]);
+            const int64_t position = args.axes == 1 ? positions.axis[0] : positions.of_axis(axis[p]);
+            rotation_factors(args.angles, position, Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p],
+                             sin_angle[p]);
         }
     };
     if (!args.positions_in_memory) {
@@ -280,51 +285,22 @@ __device__ inline void copy_rows(const UnitArgs<Capacity>& args, const TokenRows
     }
 }
 
-/// @brief The per-pair angle arguments in shared memory (StagedAngles).
-template <int Capacity>
-struct AngleStage {
-    float inv_freq[Capacity];
-    float inv_freq_low[Capacity];
-    uint8_t pair_axis[Capacity];
-};
-
-/// @brief The angle rule as rotation_factors() reads it, its per-pair arrays in shared memory.
+/// @brief The kernel: block (chunks, units); each thread one chunk of one unit's rows.
 ///
-/// In the kernel parameters (constant memory) the arrays cost a warp one
-/// serialised access per distinct pair it reads: a warp's threads hold
-/// different pairs, so every inv_freq or pair_axis read is replayed for each.
-/// Shared memory serves the 32 different addresses of a warp in one access.
-/// Worth it when each block rotates many rows (the bandwidth regime); a
-/// latency-bound launch would only wait for the extra barrier.
-struct StagedAngles {
-    const float* inv_freq;      ///< AngleArgs::inv_freq, staged.
-    const float* inv_freq_low;  ///< AngleArgs::inv_freq_low, staged when precise.
-    const uint8_t* pair_axis;   ///< AngleArgs::pair_axis, staged with several axes.
-    float cos_scale;            ///< AngleArgs::cos_scale.
-    float sin_scale;            ///< AngleArgs::sin_scale.
-    bool precise;               ///< AngleArgs::precise.
-    CosSinTable table;          ///< AngleArgs::table.
-};
-
-/// Copies what the call reads of @p angles into @p stage (the whole block takes part) and
-/// returns the rule that reads it there. Parameters only: no need to wait for the previous kernel.
-template <int Capacity>
-__device__ inline StagedAngles stage_angles(const AngleArgs<Capacity>& angles, int64_t pairs, int64_t axes,
-                                            AngleStage<Capacity>& stage) {
-    const int64_t thread = int64_t(threadIdx.y) * blockDim.x + threadIdx.x;
-    for (int64_t i = thread; i < pairs; i += int64_t(blockDim.x) * blockDim.y) {
-        stage.inv_freq[i] = angles.inv_freq[i];
-        if (angles.precise) stage.inv_freq_low[i] = angles.inv_freq_low[i];
-        if (axes > 1) stage.pair_axis[i] = angles.pair_axis[i];
-    }
-    __syncthreads();
-    return {stage.inv_freq, stage.inv_freq_low, stage.pair_axis, angles.cos_scale, angles.sin_scale, angles.precise,
-            angles.table};
-}
-
-/// Rotates every unit of this thread (a grid-stride loop: the grid may be capped).
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int Capacity, typename Angles>
-__device__ inline void rotate_units(const UnitArgs<Capacity>& args, const Angles& angles) {
+/// __launch_bounds__ promises the compiler that no block exceeds
+/// kMaxBlockThreads and, with MinBlocksPerSM > 1, asks it to fit that many
+/// such blocks per SM, capping registers. Fewer registers mean more resident
+/// threads, hence more bytes in flight, as long as nothing spills.
+/// __grid_constant__ lets device functions take references into the
+/// parameters without a per-thread copy to local memory.
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity>
+__global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
+    rope_unit_kernel(const __grid_constant__ UnitArgs<Capacity> args) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Programmatic dependent launch (5. above): let the next kernel in the
+    // stream start its own prologue while this one runs.
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
     PreviousGrid previous;  // Waited for before the first global memory access.
     const int64_t step = int64_t(gridDim.x) * blockDim.y;
     for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
@@ -345,37 +321,10 @@ __device__ inline void rotate_units(const UnitArgs<Capacity>& args, const Angles
         const TokenRows<Storage> token_start = token_rows<Storage>(args, b, s);
         for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
             if (chunk < args.rotary_chunks)
-                rotate_rows<Storage, Path, RowsInFlight, Pipelined>(args, angles, token_start, b, s, rows, chunk,
-                                                                    previous);
+                rotate_rows<Storage, Path, RowsInFlight, Pipelined>(args, token_start, b, s, rows, chunk, previous);
             else
                 copy_rows<Storage, Path, RowsInFlight>(args, token_start, rows, chunk - args.rotary_chunks, previous);
         }
-    }
-}
-
-/// @brief The kernel: block (chunks, units); each thread one chunk of one unit's rows.
-///
-/// __launch_bounds__ promises the compiler that no block exceeds
-/// kMaxBlockThreads and, with MinBlocksPerSM > 1, asks it to fit that many
-/// such blocks per SM, capping registers. Fewer registers mean more resident
-/// threads, hence more bytes in flight, as long as nothing spills.
-/// __grid_constant__ lets device functions take references into the
-/// parameters without a per-thread copy to local memory.
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity,
-          bool Staged>
-__global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
-    rope_unit_kernel(const __grid_constant__ UnitArgs<Capacity> args) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Programmatic dependent launch (5. above): let the next kernel in the
-    // stream start its own prologue while this one runs.
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-    if constexpr (Staged) {
-        __shared__ AngleStage<Capacity> stage;
-        const StagedAngles angles = stage_angles(args.angles, args.rotary_dim / 2, args.axes, stage);
-        rotate_units<Storage, Path, RowsInFlight, Pipelined>(args, angles);
-    } else {
-        rotate_units<Storage, Path, RowsInFlight, Pipelined>(args, args.angles);
     }
 }
 
@@ -454,9 +403,7 @@ inline bool heads_adjacent_in_memory(const Plan& plan) {
 /// @tparam Pipelined whether the next batch's loads are issued before this batch is computed.
 /// @tparam MinBlocksPerSM blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
 /// @tparam Capacity pairs the angle arguments hold (>= plan.pairs).
-/// @tparam Staged whether blocks first copy the per-pair angle arguments to shared memory (StagedAngles).
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity,
-          bool Staged>
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity>
 void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettings& settings) {
     UnitArgs<Capacity> args{};
     args.operands[0] = plan.q;
@@ -500,7 +447,7 @@ void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettin
     config.attrs = &programmatic;
     config.numAttrs = device.programmatic_launch ? 1 : 0;
     launch_kernel("rope_unit_kernel", config,
-                  rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, Capacity, Staged>, args);
+                  rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, Capacity>, args);
 }
 
 }  // namespace rope::cuda_detail
