@@ -25,12 +25,16 @@ namespace {
 constexpr int kSmallCapacity = 64;
 
 /// The launch, per regime, as measured best by rope-tune on the H200
-/// (2026-12-02; bench/results/h200-tune.csv):
+/// (2026-12-02 and 2026-12-03; bench/results/h200-tune.csv):
 /// - bandwidth regime: batches of 4 rows loaded before use, no software
 ///   pipeline, default caching (streaming hints and the pipeline measured
 ///   0.5-3 points slower), 128-thread blocks; 8 rows per thread for float32,
 ///   16 for the 2-byte types (whose chunk holds twice the pairs, so fewer
 ///   threads share a token and each needs more rows to amortise its sincosf);
+///   units laid over q's memory order (RowOrder::memory: neighbouring heads of
+///   a token for bshd and thd, measured 2-4 points faster there than
+///   neighbouring tokens; neighbouring tokens for bhsd); no register cap
+///   (a cap of 3 or 4 blocks of 256 threads per SM spills: 10-40 points slower);
 /// - latency regime: 2 rows in flight, pipelined, 2 rows per thread;
 /// - any view the 16-byte path cannot take: the generic path, 4 rows in flight.
 template <typename Storage, Style kStyle, int Capacity>
