@@ -1,121 +1,62 @@
 #!/usr/bin/env python3
 """Writes tests/golden/scaling/hf_scaling_*.txt: scaled RoPE computed by HuggingFace transformers itself.
 
-Run on a machine with PyTorch and transformers (the H200 machine has both):
     python3 scripts/make_golden_hf_scaling.py [OUTDIR]      (default: tests/golden/scaling)
-tests/scaling_test.cpp reads the files: it checks rope's frequency table
-(inv_freq, attention_factor) and every backend's output against them.
 
-The numbers come from transformers' own code, so they are independent of rope's:
-    the frequencies: LlamaRotaryEmbedding, whose __init__ calls
-        modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] and whose forward pass
-        applies the dynamic / longrope updates from max(position_ids) + 1;
-        cross-checked against ROPE_INIT_FUNCTIONS[rope_type] called directly;
-    the rotation: modeling_llama.apply_rotary_pos_emb (half-split, [batch, heads, seq, dim]).
-Positions reach a few thousand while original_max_position_embeddings is small
-(256 or 512), so every scaling type actually changes the result.
+tests/scaling_test.cpp checks rope's frequency table (inv_freq, attention_factor) and every backend's
+output against them. The numbers come from transformers' own code, independent of rope's:
+LlamaRotaryEmbedding (whose __init__ calls modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] and whose
+forward pass applies the dynamic / longrope updates from max(position_ids) + 1, cross-checked against
+ROPE_INIT_FUNCTIONS called directly) and modeling_llama.apply_rotary_pos_emb. Positions reach a few
+thousand while original_max_position_embeddings is 256 or 512, so every scaling type changes the result.
 
-File format: that of scripts/make_golden_hf.py (one `key: value` per line; q, k,
-q_out, k_out and positions are space-separated numbers in layout order), plus
-    rope_type, factor, original_max_position_embeddings and the type's other fields
-        (beta_fast, beta_slow, truncate, mscale, mscale_all_dim, low_freq_factor,
-        high_freq_factor, short_factor, long_factor) exactly as given to transformers;
+File format: that of scripts/make_golden_hf.py, plus
+    rope_type, factor, original_max_position_embeddings and the type's other fields, exactly as given;
     given_attention_factor: an attention_factor set in the config (absent: the type's default);
-    position_offset: when there is no positions line, position ids are
-        position_offset + s for every sequence (used where the call's length matters,
-        so that device-resident ids are not needed to know it);
-    inv_freq: the inverse frequencies transformers used (after its dynamic / longrope update);
-    attention_factor: the factor transformers multiplied cos and sin by;
-    seq_len: max(position_ids) + 1, the length transformers' updates looked at;
-    max_position_embeddings: the config value given to transformers (for the record).
-transformers 5 keeps RoPE settings in config.rope_parameters; 4.x in config.rope_scaling
-(with rope_theta and partial_rotary_factor on the config): both are handled.
+    position_offset: without a positions line, the ids are position_offset + s in every sequence;
+    inv_freq, attention_factor: what transformers used (after its dynamic / longrope update);
+    seq_len: max(position_ids) + 1, the length those updates looked at;
+    max_position_embeddings: the config's value (for the record).
 """
 import inspect
 import math
 import os
-import sys
 
 import torch
 import transformers
-from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama import modeling_llama
 
-from hf_golden_common import llama_rotate, write_case
+from hf_golden_common import case_meta, llama_config, llama_rotate, output_folder, random_qk, shapes, write_case
 
 HEADER = "Scaled RoPE golden vectors computed by HuggingFace transformers; see scripts/make_golden_hf_scaling.py"
 
-TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
-
-
-def llama_config(head_dim, base, partial, rope_fields, max_position_embeddings, original_max):
-    """A LlamaConfig whose RoPE is `rope_fields` (rope_type, factor, ...), in whichever form this transformers reads."""
-    heads = 4
-    common = dict(hidden_size=head_dim * heads, num_attention_heads=heads, num_key_value_heads=heads,
-                  head_dim=head_dim, max_position_embeddings=max_position_embeddings)
-    parameters = {"rope_theta": base, **rope_fields}
-    if partial != 1.0:
-        parameters["partial_rotary_factor"] = partial
-    config = None
-    if TRANSFORMERS_MAJOR >= 5:
-        try:
-            config = LlamaConfig(**common, rope_parameters=dict(parameters))
-        except TypeError:
-            config = None
-    if config is None:  # transformers 4.x: rope_scaling, with rope_theta and partial_rotary_factor on the config
-        legacy = {k: v for k, v in rope_fields.items()}
-        config = LlamaConfig(**common, rope_theta=base, rope_scaling=legacy, partial_rotary_factor=partial)
-    if partial != 1.0:
-        config.partial_rotary_factor = partial
-    if original_max is not None:
-        # Phi-3 style configs (and some transformers versions' longrope) read it from the config itself.
-        config.original_max_position_embeddings = original_max
-    return config
-
-
-def effective_rope_fields(config):
-    """The RoPE dict transformers will read: rope_parameters (v5) or rope_scaling (v4)."""
-    fields = getattr(config, "rope_parameters", None)
-    if isinstance(fields, dict) and fields.get("rope_type") not in (None, "default"):
-        return fields
-    fields = getattr(config, "rope_scaling", None)
-    if isinstance(fields, dict):
-        return fields
-    raise RuntimeError("transformers dropped the RoPE scaling settings of the config")
-
 
 def check_taken(config, rope_fields):
-    """Fails loudly if transformers dropped or changed a field: a golden file must describe what was computed."""
-    taken = effective_rope_fields(config)
+    """Fails if transformers dropped or changed a field: a golden file must describe what was computed."""
+    taken = config.rope_parameters
     for key, value in rope_fields.items():
-        if key not in taken:
-            raise RuntimeError(f"transformers {transformers.__version__} dropped rope field {key!r}: {taken}")
-        if taken[key] != value:
-            raise RuntimeError(f"transformers changed rope field {key!r} from {value!r} to {taken[key]!r}")
+        if key not in taken or taken[key] != value:
+            raise RuntimeError(f"transformers {transformers.__version__} dropped or changed {key!r}: {taken}")
     if rope_fields.get("truncate") is False and "truncate" not in inspect.getsource(ROPE_INIT_FUNCTIONS["yarn"]):
         raise RuntimeError(f"transformers {transformers.__version__}'s yarn ignores `truncate`")
 
 
 def scaling_case(out, name, rope_fields, head_dim=64, base=10000.0, partial=1.0, ids=None, offset=None,
                  batch=2, q_heads=2, k_heads=1, seq=4, max_position_embeddings=None, seed=0):
-    """One golden file: q, k of [batch, heads, seq, head_dim] rotated by transformers with `rope_fields`.
-
-    Positions are explicit `ids` ([batch, seq]) or offset + s for every sequence.
-    """
+    """q, k [batch, heads, seq, head_dim] rotated by transformers with @p rope_fields; positions are
+    explicit @p ids [batch, seq] or @p offset + s in every sequence."""
     rope_type = rope_fields["rope_type"]
     original_max = rope_fields.get("original_max_position_embeddings")
     if max_position_embeddings is None:
-        # The checkpoint convention: the extended context is factor times the original one. Some
-        # transformers versions derive yarn's / longrope's factor from this ratio; keeping it exact
-        # makes every version compute with the factor written in the file.
+        # The checkpoint convention: the extended context is factor x the original one. Some transformers
+        # versions derive yarn's and longrope's factor from this ratio; exact, it is the factor in the file.
         max_position_embeddings = int(round(rope_fields["factor"] * original_max)) if original_max else 4096
-    config = llama_config(head_dim, base, partial, rope_fields, max_position_embeddings, original_max)
+    parameters = {"rope_theta": base, **rope_fields, **({"partial_rotary_factor": partial} if partial != 1 else {})}
+    config = llama_config(head_dim, parameters, max_position_embeddings)
     check_taken(config, rope_fields)
 
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, q_heads, seq, head_dim, generator=g)
-    k = torch.randn(batch, k_heads, seq, head_dim, generator=g)
+    q, k = random_qk(seed, (batch, q_heads, seq, head_dim), (batch, k_heads, seq, head_dim))
     if ids is not None:
         position_ids = torch.tensor(ids, dtype=torch.int64)
         assert position_ids.shape == (batch, seq)
@@ -124,7 +65,7 @@ def scaling_case(out, name, rope_fields, head_dim=64, base=10000.0, partial=1.0,
     seq_len = int(position_ids.max()) + 1
 
     rotary = modeling_llama.LlamaRotaryEmbedding(config=config)
-    cos, sin = rotary(q, position_ids)  # the forward pass applies the dynamic / longrope update
+    cos, sin = rotary(q, position_ids)  # The forward pass applies the dynamic / longrope update.
     inv_freq = rotary.inv_freq.detach().clone().to(torch.float32)
     attention_factor = float(rotary.attention_scaling)
     rotary_dim = inv_freq.numel() * 2
@@ -136,22 +77,16 @@ def scaling_case(out, name, rope_fields, head_dim=64, base=10000.0, partial=1.0,
         f"{name}: LlamaRotaryEmbedding's inv_freq differs from ROPE_INIT_FUNCTIONS[{rope_type!r}]"
     assert math.isclose(float(direct_attention), attention_factor, rel_tol=1e-12), \
         f"{name}: attention factors differ: {direct_attention} vs {attention_factor}"
-    # The scaling must matter here, else the file tests nothing about it.
+    # The scaling must matter here (but for dynamic within the original context), else the file tests nothing.
     default = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
     changed = not torch.allclose(inv_freq.double(), default, rtol=1e-5) or attention_factor != 1.0
     expect_default = name.endswith("_short.txt") and rope_type == "dynamic"
-    assert changed != expect_default, f"{name}: scaling {'did not change' if not changed else 'changed'} the frequencies"
+    assert changed != expect_default, f"{name}: scaling {'changed' if changed else 'did not change'} the frequencies"
 
     q_out, k_out = llama_rotate(q, k, cos, sin, rotary_dim)
-
-    meta = {
-        "source": f"transformers {transformers.__version__} (torch {torch.__version__}): "
-                  f"LlamaRotaryEmbedding (ROPE_INIT_FUNCTIONS[{rope_type}]) + modeling_llama.apply_rotary_pos_emb",
-        "style": "neox", "layout": "bhsd", "base": repr(float(base)),
-        "head_dim": head_dim, "rotary_dim": rotary_dim,
-        "q_shape": f"{batch} {q_heads} {seq} {head_dim}", "k_shape": f"{batch} {k_heads} {seq} {head_dim}",
-        "position_rows": batch if ids is not None else 0,
-    }
+    meta = case_meta(f"LlamaRotaryEmbedding (ROPE_INIT_FUNCTIONS[{rope_type}]) + modeling_llama.apply_rotary_pos_emb",
+                     "neox", "bhsd", base, head_dim, rotary_dim, **shapes(q, k),
+                     position_rows=batch if ids is not None else 0)
     if ids is None:
         meta["position_offset"] = offset
     lists = {}
@@ -164,20 +99,15 @@ def scaling_case(out, name, rope_fields, head_dim=64, base=10000.0, partial=1.0,
             meta[key] = "true" if value else "false"
         else:
             meta[key] = value if isinstance(value, str) else repr(value)
-    meta["max_position_embeddings"] = max_position_embeddings
-    meta["seq_len"] = seq_len
-    meta["attention_factor"] = repr(attention_factor)
-    tensors = {"inv_freq": inv_freq}
-    if ids is not None:
-        tensors["positions"] = position_ids.to(torch.float32)
-    tensors.update({"q": q, "k": k, "q_out": q_out, "k_out": k_out})
+    meta.update(max_position_embeddings=max_position_embeddings, seq_len=seq_len,
+                attention_factor=repr(attention_factor))
+    tensors = {"inv_freq": inv_freq, **({"positions": position_ids.to(torch.float32)} if ids is not None else {})}
+    tensors.update(q=q, k=k, q_out=q_out, k_out=k_out)
     write_case(os.path.join(out, name), HEADER, meta, tensors, lists)
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "tests/golden/scaling"
-    os.makedirs(out, exist_ok=True)
-    torch.set_num_threads(1)
+    out = output_folder("tests/golden/scaling")
     # Explicit ids well past the original context (256 or 512), two rows.
     far = [[0, 1, 300, 4095], [17, 255, 1024, 3000]]
 
