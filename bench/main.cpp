@@ -31,7 +31,6 @@
 #include "forms.hpp"
 #include "host_timing.hpp"
 #include "options.hpp"
-#include "random.hpp"
 #include "report.hpp"
 #include "rope/buffer.hpp"
 #include "rope/detail/plan.hpp"
@@ -123,9 +122,10 @@ public:
         };
         for (int64_t index = 0; index < sets_; ++index) {
             const rope::TensorView q = view(inputs_, index, false), k = view(inputs_, index, true);
-            rope::RopeArgs args = options.in_place ? rope::RopeArgs::in_place(q, k, positions)
-                                                   : rope::RopeArgs::out_of_place(q, k, view(outputs_, index, false),
-                                                                                  view(outputs_, index, true), positions);
+            rope::RopeArgs args = options.in_place
+                                      ? rope::RopeArgs::in_place(q, k, positions)
+                                      : rope::RopeArgs::out_of_place(q, k, view(outputs_, index, false),
+                                                                     view(outputs_, index, true), positions);
             args.cos_sin_cache = form.cos_sin_cache(static_cast<const float*>(table_.data()), device);
 #if ROPE_BENCH_CUDA
             if (stream_) args.stream = stream_->get();
@@ -159,8 +159,8 @@ public:
         }
         auto call = [&](int64_t c) { backend.run(plans_[std::size_t(c % sets_)]); };
         if (device_ == rope::Device::host)
-            return host_measure(call, {static_cast<char*>(inputs_.data()), static_cast<char*>(copy_destination_.data()),
-                                       set_bytes_, stride_, sets_},
+            return host_measure(call, {static_cast<char*>(inputs_.data()),
+                                       static_cast<char*>(copy_destination_.data()), set_bytes_, stride_, sets_},
                                 threads, options_.reps);
 #if ROPE_BENCH_CUDA
         const DeviceSets device_sets{inputs_.data(), copy_destination_.data(), set_bytes_, stride_, sets_};
@@ -247,8 +247,7 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
         const int64_t kv_heads = options.kv_heads >= 0 ? options.kv_heads : shape.heads;
         const Form form = make_form(options, shape, kv_heads);
         Row shape_row;  // What every row of this shape shares.
-        shape_row.shape = std::to_string(shape.batch) + "," + std::to_string(shape.heads) + "," +
-                          std::to_string(shape.seq) + "," + std::to_string(shape.head_dim);
+        shape_row.shape = shape.text();
         shape_row.kv_heads = kv_heads;
         shape_row.dtype = rope::dtype_name(options.dtype);
         shape_row.style = rope::style_name(options.style);

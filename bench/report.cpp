@@ -113,7 +113,8 @@ std::string json_string(const std::string& text) {
 
 }  // namespace
 
-void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format, const std::string& preamble) {
+void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format,
+                const std::string& preamble) {
     std::vector<Cells> cells;
     for (const Row& row : rows) cells.push_back(cells_of(row));
     if (format == "table") {
@@ -133,7 +134,8 @@ void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::stri
             out << "  {";
             for (size_t c = 0; c < cells[r].size(); ++c) {
                 const auto& [name, cell] = cells[r][c];
-                const std::string value = !cell.number ? json_string(cell.text) : cell.text.empty() ? "null" : cell.text;
+                std::string value = cell.number ? cell.text : json_string(cell.text);
+                if (value.empty()) value = "null";  // A number that was not measured.
                 out << (c ? ", " : "") << "\"" << name << "\": " << value;
             }
             out << (r + 1 < cells.size() ? "},\n" : "}\n");

@@ -33,6 +33,7 @@ struct Row {
 
 /// @brief Writes @p rows in @p format ("table", "csv" or "json") to @p out; a table is preceded by
 /// @p preamble (comment lines on the method and the machine).
-void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format, const std::string& preamble);
+void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format,
+                const std::string& preamble);
 
 }  // namespace rope_bench
