@@ -135,21 +135,26 @@ public:
         }
     }
 
-    int64_t sets() const { return sets_; }
     const CacheSize& cache() const { return cache_; }
-    double bytes() const { return 2.0 * double(set_bytes_); }  // Every element of q and k read and written once.
 
-    // Why `backend` refuses this workload (rope::apply's message), or "" if it accepts it: the first set
+    // `row` measured options.runs times with `backend`, or why the backend refuses the workload: the first set
     // once through rope::apply, which checks what Backend::run trusts the plan for.
-    std::string refusal(rope::Backend& backend) const {
+    Row measure_row(rope::Backend& backend, int threads, Row row) {
         try {
             rope::apply(backend, config_, first_args_);
         } catch (const rope::Error& error) {
-            return error.what();
+            row.not_run = "unsupported: " + std::string(error.what());
+            return row;
         }
-        return {};
+        std::vector<Measurement> runs;
+        for (int run = 0; run < options_.runs; ++run) runs.push_back(measure(backend, threads));
+        row.summary = summarize(runs);
+        row.sets = sets_;
+        row.bytes = 2.0 * double(set_bytes_);  // Every element of q and k read once and written once.
+        return row;
     }
 
+private:
     // One run: backend.run() on the rotating sets against the copy ceiling of the same bytes.
     Measurement measure(rope::Backend& backend, [[maybe_unused]] int threads) {
         if (copy_destination_.bytes() == 0) {
@@ -171,7 +176,6 @@ public:
 #endif
     }
 
-private:
     const Options& options_;
     rope::Device device_;
     CacheSize cache_;
@@ -204,23 +208,6 @@ std::string host_cpu_model() {
     while (std::getline(cpuinfo, line))
         if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
     return "unknown CPU";
-}
-
-// `row` measured options.runs times on the workload, or why the backend refuses it.
-Row measure_row(const Options& options, Workload& workload, const rope::BackendInfo& info, int threads, Row row) {
-    rope::BackendOptions backend_options;
-    backend_options.threads = threads;
-    const std::unique_ptr<rope::Backend> backend = rope::make_backend(info.name, backend_options);
-    if (const std::string refusal = workload.refusal(*backend); !refusal.empty()) {
-        row.not_run = "unsupported: " + refusal;
-        return row;
-    }
-    std::vector<Measurement> runs;
-    for (int run = 0; run < options.runs; ++run) runs.push_back(workload.measure(*backend, threads));
-    row.summary = summarize(runs);
-    row.sets = workload.sets();
-    row.bytes = workload.bytes();
-    return row;
 }
 
 // The lines above a table: the machine, the caches the sets defeat, the method.
@@ -280,7 +267,10 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
                     caches[info.device] = std::to_string(workload->cache().bytes >> 20) + " MiB (" +
                                           workload->cache().source + ")";
                     row.cache = caches[info.device];
-                    row = measure_row(options, *workload, info, resolve_threads(threads), row);
+                    rope::BackendOptions backend_options;
+                    backend_options.threads = resolve_threads(threads);
+                    const std::unique_ptr<rope::Backend> backend = rope::make_backend(name, backend_options);
+                    row = workload->measure_row(*backend, backend_options.threads, row);
                 }
                 rows.push_back(row);
                 if (options.format == "table") std::cerr << "done: " << name << " " << row.shape << "\n";
