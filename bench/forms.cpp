@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 
-#include "random.hpp"
 #include "rope/frequency_table.hpp"
 #include "rope/rotation.hpp"
 
@@ -14,9 +14,17 @@ namespace {
 
 constexpr uint64_t kPackedSeed = 2026;  // Fixed: one command, one batch of lengths.
 
-std::string join(const std::vector<int64_t>& values) {
+// "a<separator>b<separator>c" from strings or numbers.
+template <typename Part>
+std::string join(const std::vector<Part>& parts, const char* separator) {
     std::string text;
-    for (int64_t value : values) text += (text.empty() ? "" : ",") + std::to_string(value);
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+        if (i > 0) text += separator;
+        if constexpr (std::is_arithmetic_v<Part>)
+            text += std::to_string(parts[i]);
+        else
+            text += parts[i];
+    }
     return text;
 }
 
@@ -31,12 +39,7 @@ std::vector<int64_t> default_mrope_sections(rope::AxisAssignment assignment, int
 // The smallest side s with s^axes >= count: a grid of `axes` dimensions that holds count patches.
 int64_t grid_side(int64_t count, int64_t axes) {
     int64_t side = 1;
-    auto cells = [&](int64_t s) {
-        double product = 1;
-        for (int64_t a = 0; a < axes; ++a) product *= double(s);
-        return product;
-    };
-    while (cells(side) < double(count)) ++side;
+    while (std::pow(double(side), double(axes)) < double(count)) ++side;
     return side;
 }
 
@@ -70,18 +73,10 @@ std::string fill_axial_ids(Form& form) {
     const int64_t side = grid_side(form.seq, axes);
     form.axes = axes;
     form.ids.assign(size_t(axes * form.seq), 0);
-    for (int64_t t = 0; t < form.seq; ++t) {
-        int64_t rest = t;
-        for (int64_t a = axes - 1; a >= 0; --a) {
+    for (int64_t t = 0; t < form.seq; ++t)
+        for (int64_t a = axes - 1, rest = t; a >= 0; --a, rest /= side)
             form.ids[size_t(a * form.seq + t)] = form.offset + rest % side;
-            rest /= side;
-        }
-    }
-    std::string grid;
-    for (int64_t a = 0; a < axes; ++a) {
-        if (a > 0) grid += "x";
-        grid += std::to_string(side);
-    }
+    const std::string grid = join(std::vector<int64_t>(size_t(axes), side), "x");
     return "grid " + grid + " (" + std::to_string(form.seq) + " patches)";
 }
 
@@ -94,7 +89,8 @@ int64_t positions_needed(const Form& form) {
         for (size_t b = 0; b + 1 < form.cu_seqlens.size(); ++b)
             longest = std::max(longest, form.cu_seqlens[b + 1] - form.cu_seqlens[b]);
     }
-    return std::max<int64_t>(form.offset + longest * form.cp_size, 1);  // A shard's global positions reach cp_size x its length.
+    // A shard's global positions reach cp_size x its length.
+    return std::max<int64_t>(form.offset + longest * form.cp_size, 1);
 }
 
 // The table a serving engine would pass for this model: row p holds cos of
@@ -163,9 +159,7 @@ Form make_form(const Options& options, const Shape& shape, int64_t kv_heads) {
         const int64_t sum = std::accumulate(lengths.begin(), lengths.end(), int64_t(0));
         if (sum != tokens)
             throw UsageError("--packed: the lengths total " + std::to_string(sum) + " tokens but --shape " +
-                             std::to_string(shape.batch) + "," + std::to_string(shape.heads) + "," +
-                             std::to_string(shape.seq) + "," + std::to_string(shape.head_dim) + " holds " +
-                             std::to_string(tokens) + " (batch x seq)");
+                             shape.text() + " holds " + std::to_string(tokens) + " (batch x seq)");
         form.cu_seqlens.push_back(0);
         for (int64_t length : lengths) form.cu_seqlens.push_back(form.cu_seqlens.back() + length);
         if (form.layout == rope::Layout::thd) {
@@ -173,10 +167,11 @@ Form make_form(const Options& options, const Shape& shape, int64_t kv_heads) {
             form.seq = tokens;
         }
         const auto [shortest, longest] = std::minmax_element(lengths.begin(), lengths.end());
+        const std::string range = lengths.empty() ? "0" : std::to_string(*shortest) + ".." + std::to_string(*longest);
+        const bool drawn = options.packed.enabled && options.packed.lengths.empty();
         parts.push_back("packed");
         details.push_back(std::to_string(lengths.size()) + (lengths.size() == 1 ? " sequence of " : " sequences of ") +
-                          (lengths.empty() ? std::string("0") : std::to_string(*shortest) + ".." + std::to_string(*longest)) +
-                          " tokens" + (options.packed.lengths.empty() && options.packed.enabled ? " (drawn, fixed seed)" : ""));
+                          range + " tokens" + (drawn ? " (drawn, fixed seed)" : ""));
     }
 
     form.config.multi_axis.assignment = options.multi_axis;
@@ -185,13 +180,15 @@ Form make_form(const Options& options, const Shape& shape, int64_t kv_heads) {
             throw UsageError("--mrope and --axial take one sequence of ids per batch (shape [axes, seq]), not "
                              "packed sequences: drop --packed and --layout thd");
         const bool axial = options.multi_axis == rope::AxisAssignment::axial;
-        form.config.multi_axis.sections = !options.sections.empty()
-                                              ? options.sections
-                                              : default_mrope_sections(options.multi_axis, form.config.effective_rotary_dim() / 2);
+        const bool contiguous = options.multi_axis == rope::AxisAssignment::mrope_contiguous;
+        std::vector<int64_t>& sections = form.config.multi_axis.sections;
+        sections = options.sections.empty()
+                       ? default_mrope_sections(options.multi_axis, form.config.effective_rotary_dim() / 2)
+                       : options.sections;
         const std::string grid = axial ? fill_axial_ids(form) : fill_mrope_ids(form);
         parts.push_back(axial ? "axial" : "mrope");
-        details.push_back(grid + ", sections " + join(form.config.multi_axis.sections) +
-                          (axial ? "" : options.multi_axis == rope::AxisAssignment::mrope_contiguous ? " contiguous" : " interleaved"));
+        details.push_back(grid + ", sections " + join(sections, ",") +
+                          (axial ? "" : contiguous ? " contiguous" : " interleaved"));
     }
     if (options.ids) {
         if (packed)
@@ -210,23 +207,24 @@ Form make_form(const Options& options, const Shape& shape, int64_t kv_heads) {
     if (options.table) {
         fill_table(form);
         parts.push_back("table");
-        details.push_back("table " + std::to_string(form.table_rows) + "x" + std::to_string(form.config.effective_rotary_dim()) +
-                          " fp32");
+        details.push_back("table " + std::to_string(form.table_rows) + "x" +
+                          std::to_string(form.config.effective_rotary_dim()) + " fp32");
     }
-    for (const std::string& part : parts) form.name += (form.name.empty() ? "" : "+") + part;
-    if (form.name.empty()) form.name = "plain";
-    for (const std::string& detail : details) form.detail += (form.detail.empty() ? "" : "; ") + detail;
+    form.name = parts.empty() ? "plain" : join(parts, "+");
+    form.detail = join(details, "; ");
     return form;
 }
 
 rope::TensorView Form::view(void* data, int64_t heads, rope::DType dtype, rope::Device device) const {
     if (layout == rope::Layout::thd) return rope::TensorView::packed(data, dtype, device, {seq, heads, head_dim});
-    const std::array<int64_t, 4> sizes = layout == rope::Layout::bhsd ? std::array<int64_t, 4>{batch, heads, seq, head_dim}
-                                                                      : std::array<int64_t, 4>{batch, seq, heads, head_dim};
+    using Sizes = std::array<int64_t, 4>;
+    const Sizes sizes =
+        layout == rope::Layout::bhsd ? Sizes{batch, heads, seq, head_dim} : Sizes{batch, seq, heads, head_dim};
     return rope::TensorView::contiguous(data, dtype, device, layout, sizes);
 }
 
-rope::Positions Form::positions(const int64_t* device_cu_seqlens, const int64_t* device_ids, rope::Device device) const {
+rope::Positions Form::positions(const int64_t* device_cu_seqlens, const int64_t* device_ids,
+                                rope::Device device) const {
     rope::Positions positions = rope::Positions::starting_at(offset);
     if (!cu_seqlens.empty()) {
         positions = rope::Positions::packed(device_cu_seqlens, int64_t(cu_seqlens.size()) - 1, nullptr, device);

@@ -1,44 +1,24 @@
 // rope-bench: one benchmark program for every backend.
 //
-// RoPE is memory bound, so the question a benchmark must answer is "how close
-// to the memory system's limit does a backend get?". For each backend, shape,
-// position form and thread count this program reports the median time of one
-// call, the bytes a call must move (q and k each read once and written once),
-// the bandwidth that implies, and that bandwidth as a percentage of a copy of
-// the same bytes, measured in the same run with the same threads.
-//
-// How the numbers are made honest (the method is the project's definition of
-// "% of copy", stated in bench/timing/timing.hpp and shared with chapter 4's
-// ladder and the tuning sweep through the rope-bench-timing library):
-// - Inputs hold random non-zero values (no zero or denormal shortcuts).
-// - One "set" is a q and a k. Calls rotate through the sets, and there are
-//   enough sets that together they span at least twice the last-level cache
-//   (the host's LLC as sysfs reports it, or the GPU's L2): every call reads
-//   from memory, not cache. The figure and its source are printed.
-// - The timed work is Backend::run on a Plan built beforehand: validation by
-//   rope::make_plan happens once per set, outside the clock, and so do the
-//   copies of the position arrays and of a cos/sin table to the device.
-//   Backend::run trusts its plan, so each backend's first call goes through
-//   rope::apply, which refuses what the backend does not implement (e.g.
-//   --precise): such a backend's row says "unsupported: <why>" instead of
-//   timing something else.
-// - CPU (timing = clock): each call is timed alone with the steady clock, and
-//   calls alternate with the two ceilings, a memcpy and an in-place
-//   read-modify-write stream of the same bytes (a memcpy pays a read for
-//   ownership of its destination that an in-place rotation does not); the
-//   faster of the two is the ceiling (bench/timing/host_timing.hpp).
-// - GPU: CUDA events around batches of back-to-back calls lasting at least
-//   1 ms (timing = events), or around replays of one CUDA graph of the calls
-//   (--graph, timing = graph). The ceiling is the fastest of cudaMemcpyAsync
-//   and a 16-byte copy kernel, each timed back to back and by graph replay
-//   (bench/timing/cuda_timing.hpp), whatever the timing of the calls.
-// - Reported: medians over repetitions; the `ceiling` column says which copy
-//   won, `ceilings` lists them all. --runs R repeats the whole measurement
-//   (calls and ceiling) R times and reports the run with the median ratio and
-//   the smallest and largest ratios (pct_min, pct_max): the ratio's own noise.
-// - Position forms (--layout thd, --packed, --cp, --mrope, --axial, --table, --ids:
-//   bench/forms.hpp) change what the positions are; the bytes moved, and so
-//   the ceiling, stay those of q and k.
+// RoPE is memory bound, so the question is how close a backend gets to the memory system's limit. For each
+// backend, shape, position form and thread count, rope-bench reports the median time of one call, the bytes
+// it moves (q and k each read once and written once), the bandwidth that implies, and that bandwidth as a
+// percentage of a copy of the same bytes timed in the same run. The method of "% of copy" is stated once, in
+// bench/timing/timing.hpp (host_timing.hpp and cuda_timing.hpp: the two clocks and their ceilings). Here:
+// - Inputs hold random non-zero values (no zero or denormal shortcuts), in enough sets of q and k to span
+//   twice the host's last-level cache or the GPU's L2: every call reads from memory, not cache.
+// - The clock times Backend::run on plans built beforehand: validation (rope::make_plan) and the copies of the
+//   position arrays and of a cos/sin table to the device happen once per set, outside it. Backend::run trusts
+//   its plan, so each backend's first call goes through rope::apply, which refuses what the backend does not
+//   implement (e.g. --precise): its row says "unsupported: <why>" instead of timing something else.
+// - CPU rows (timing clock) time each call alone, alternating with the ceilings; GPU rows time batches of
+//   calls with CUDA events (events) or replays of a CUDA graph (--graph: graph).
+// - --runs R repeats the whole measurement (calls and ceiling) R times and reports the run with the median
+//   ratio, and the smallest and largest ratios (pct_min, pct_max): the ratio's own noise.
+// - Position forms (bench/forms.hpp) change what the positions are; the bytes moved, and so the ceiling, stay
+//   those of q and k.
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -49,16 +29,169 @@
 #include <vector>
 
 #include "forms.hpp"
+#include "host_timing.hpp"
 #include "options.hpp"
 #include "report.hpp"
+#include "rope/buffer.hpp"
+#include "rope/detail/plan.hpp"
 #include "rope/rope.hpp"
-#include "workload.hpp"
-
+#if ROPE_BENCH_CUDA
+#include "cuda_timing.hpp"
+#endif
 #if ROPE_BENCH_OPENMP
 #include <omp.h>
 #endif
 
+namespace rope_bench {
 namespace {
+
+// Random values of magnitude in [0.25, 1) and random sign: never zero, never denormal.
+template <typename Storage>
+void fill_random(Storage* data, int64_t count) {
+    constexpr int64_t kChunk = int64_t(1) << 16;
+    const int64_t chunks = (count + kChunk - 1) / kChunk;
+#if ROPE_BENCH_OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        uint64_t state = uint64_t(chunk) * 7919u + 1u;  // Seeded per chunk: the same data whatever the threads.
+        for (int64_t i = chunk * kChunk; i < std::min(count, (chunk + 1) * kChunk); ++i) {
+            const uint64_t bits = split_mix(state);
+            const float magnitude = 0.25f + 0.75f * float(bits >> 40) / float(uint64_t(1) << 24);
+            data[i] = rope::from_float<Storage>((bits & 1u) ? -magnitude : magnitude);
+        }
+    }
+}
+
+// A buffer of `bytes` on `device` holding random values of `dtype`.
+rope::Buffer random_buffer(rope::Device device, rope::DType dtype, std::size_t bytes) {
+    rope::Buffer buffer(device, bytes);
+    const bool host = device == rope::Device::host;
+    std::vector<char> staging(host ? 0 : bytes);
+    void* fill_at = host ? buffer.data() : static_cast<void*>(staging.data());
+    rope::dispatch_dtype(dtype, [&](auto storage) {
+        fill_random(static_cast<decltype(storage)*>(fill_at), int64_t(bytes) / rope::dtype_size(dtype));
+    });
+    if (!host) buffer.copy_from_host(staging.data());
+    return buffer;
+}
+
+// A copy of `values` on `device` (an empty buffer for no values).
+template <typename Value>
+rope::Buffer on_device(const std::vector<Value>& values, rope::Device device) {
+    rope::Buffer buffer(device, values.size() * sizeof(Value));
+    if (!values.empty()) buffer.copy_from_host(values.data());
+    return buffer;
+}
+
+// The cache the sets of `device` must span twice: --llc-mb, else the host's last-level cache or the GPU's L2.
+CacheSize cache_to_defeat(const Options& options, rope::Device device) {
+    if (options.llc_mb > 0) return {std::size_t(options.llc_mb * double(1 << 20)), "--llc-mb"};
+#if ROPE_BENCH_CUDA
+    if (device != rope::Device::host) return {cuda_l2_bytes(), "cudaDevAttrL2CacheSize"};
+#endif
+    (void)device;
+    return host_last_level_cache();
+}
+
+// One shape under one position form on one device: the rotating sets of q and k, the form's arrays on the
+// device and one validated plan per set, all made before any clock runs. Shared by every backend and thread
+// count that runs the shape on that device: gigabytes are allocated and filled once, not once per backend.
+class Workload {
+public:
+    Workload(const Options& options, const Form& form, rope::Device device)
+        : options_(options), device_(device), cache_(cache_to_defeat(options, device)), config_(form.config) {
+        const std::size_t element_bytes = std::size_t(rope::dtype_size(options.dtype));
+        const std::size_t q_bytes = std::size_t(form.batch * form.seq * form.q_heads * form.head_dim) * element_bytes;
+        set_bytes_ = std::size_t(form.elements()) * element_bytes;
+        stride_ = set_stride(set_bytes_);
+        sets_ = sets_spanning_twice(set_bytes_, cache_.bytes);  // No call finds its inputs in cache.
+        inputs_ = random_buffer(device, options.dtype, stride_ * std::size_t(sets_));
+        if (!options.in_place) outputs_ = rope::Buffer(device, inputs_.bytes());
+        cu_seqlens_ = on_device(form.cu_seqlens, device);
+        ids_ = on_device(form.ids, device);
+        table_ = on_device(form.cos_sin, device);
+#if ROPE_BENCH_CUDA
+        if (device != rope::Device::host) stream_ = std::make_unique<CudaStream>();
+#endif
+        const rope::Positions positions = form.positions(static_cast<const int64_t*>(cu_seqlens_.data()),
+                                                         static_cast<const int64_t*>(ids_.data()), device);
+        auto view = [&](rope::Buffer& buffer, int64_t index, bool is_k) {
+            char* at = static_cast<char*>(buffer.data()) + std::size_t(index) * stride_ + (is_k ? q_bytes : 0);
+            return form.view(at, is_k ? form.k_heads : form.q_heads, options.dtype, device);
+        };
+        for (int64_t index = 0; index < sets_; ++index) {
+            const rope::TensorView q = view(inputs_, index, false), k = view(inputs_, index, true);
+            rope::RopeArgs args = options.in_place
+                                      ? rope::RopeArgs::in_place(q, k, positions)
+                                      : rope::RopeArgs::out_of_place(q, k, view(outputs_, index, false),
+                                                                     view(outputs_, index, true), positions);
+            args.cos_sin_cache = form.cos_sin_cache(static_cast<const float*>(table_.data()), device);
+#if ROPE_BENCH_CUDA
+            if (stream_) args.stream = stream_->get();
+#endif
+            if (index == 0) first_args_ = args;
+            plans_.push_back(rope::make_plan(config_, args, device));
+        }
+    }
+
+    const CacheSize& cache() const { return cache_; }
+
+    // `row` measured options.runs times with `backend`, or why the backend refuses the workload: the first set
+    // once through rope::apply, which checks what Backend::run trusts the plan for.
+    Row measure_row(rope::Backend& backend, int threads, Row row) {
+        try {
+            rope::apply(backend, config_, first_args_);
+        } catch (const rope::Error& error) {
+            row.not_run = "unsupported: " + std::string(error.what());
+            return row;
+        }
+        std::vector<Measurement> runs;
+        for (int run = 0; run < options_.runs; ++run) runs.push_back(measure(backend, threads));
+        row.summary = summarize(runs);
+        row.sets = sets_;
+        row.bytes = 2.0 * double(set_bytes_);  // Every element of q and k read once and written once.
+        return row;
+    }
+
+private:
+    // One run: backend.run() on the rotating sets against the copy ceiling of the same bytes.
+    Measurement measure(rope::Backend& backend, [[maybe_unused]] int threads) {
+        if (copy_destination_.bytes() == 0) {
+            copy_destination_ = rope::Buffer(device_, inputs_.bytes());
+            if (device_ == rope::Device::host)
+                std::memset(copy_destination_.data(), 0, copy_destination_.bytes());  // Fault the pages in now.
+        }
+        auto call = [&](int64_t c) { backend.run(plans_[std::size_t(c % sets_)]); };
+        if (device_ == rope::Device::host)
+            return host_measure(call, {static_cast<char*>(inputs_.data()),
+                                       static_cast<char*>(copy_destination_.data()), set_bytes_, stride_, sets_},
+                                threads, options_.reps);
+#if ROPE_BENCH_CUDA
+        const DeviceSets device_sets{inputs_.data(), copy_destination_.data(), set_bytes_, stride_, sets_};
+        return cuda_measure(call, options_.graph ? GpuClock::graph : GpuClock::events,
+                            options_.reps > 0 ? options_.reps : kDefaultGpuReps, device_sets, stream_->get());
+#else
+        rope::fail("device", "cuda", "rope-bench was built without CUDA timing");
+#endif
+    }
+
+    const Options& options_;
+    rope::Device device_;
+    CacheSize cache_;
+    rope::RopeConfig config_;
+    std::size_t set_bytes_ = 0;            // q and k of one set.
+    std::size_t stride_ = 0;               // From one set to the next (aligned).
+    int64_t sets_ = 1;
+    rope::Buffer inputs_, outputs_;        // The sets (q then k, each set at a multiple of stride_); --placement out.
+    rope::Buffer copy_destination_;        // Where the ceiling copies to (allocated on first use).
+    rope::Buffer cu_seqlens_, ids_, table_;  // The form's arrays, on the device.
+    rope::RopeArgs first_args_;            // Set 0's call, for refusal().
+    std::vector<rope::Plan> plans_;        // One per set.
+#if ROPE_BENCH_CUDA
+    std::unique_ptr<CudaStream> stream_;   // GPU: the plans issue on it (graph capture needs a stream of its own).
+#endif
+};
 
 int resolve_threads(int requested) {
 #if ROPE_BENCH_OPENMP
@@ -77,35 +210,12 @@ std::string host_cpu_model() {
     return "unknown CPU";
 }
 
-std::string shape_text(const rope_bench::Shape& shape) {
-    return std::to_string(shape.batch) + "," + std::to_string(shape.heads) + "," + std::to_string(shape.seq) + "," +
-           std::to_string(shape.head_dim);
-}
-
-// One row: the backend measured options.runs times on the workload, or why it was not.
-rope_bench::Row measure_row(const rope_bench::Options& options, rope_bench::Workload& workload,
-                            const rope::BackendInfo& info, int threads, rope_bench::Row row) {
-    rope::BackendOptions backend_options;
-    backend_options.threads = threads;
-    const std::unique_ptr<rope::Backend> backend = rope::make_backend(info.name, backend_options);
-    if (const std::string refusal = workload.refusal(*backend); !refusal.empty()) {
-        row.not_run = "unsupported: " + refusal;
-        return row;
-    }
-    std::vector<rope_bench::Measurement> runs;
-    for (int run = 0; run < options.runs; ++run) runs.push_back(workload.measure(*backend, threads));
-    row.summary = rope_bench::summarize(runs);
-    row.sets = workload.sets();
-    row.bytes = workload.bytes();
-    return row;
-}
-
-// The line above a table: the machine, the caches the sets defeat, the method.
-std::string preamble(const rope_bench::Options& options, const std::map<rope::Device, std::string>& caches) {
+// The lines above a table: the machine, the caches the sets defeat, the method.
+std::string preamble(const Options& options, const std::map<rope::Device, std::string>& caches) {
     std::ostringstream text;
     text << "# " << host_cpu_model();
 #if ROPE_BENCH_CUDA
-    if (caches.count(rope::Device::cuda)) text << "; " << rope_bench::cuda_device_name();
+    if (caches.count(rope::Device::cuda)) text << "; " << cuda_device_name();
 #endif
     for (const auto& [device, cache] : caches)
         text << "; " << (device == rope::Device::host ? "host" : "GPU") << " cache to defeat: " << cache;
@@ -116,7 +226,62 @@ std::string preamble(const rope_bench::Options& options, const std::map<rope::De
     return text.str();
 }
 
+// The rows of every shape, backend and thread count (printed by main).
+std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std::string>& caches) {
+    std::vector<Row> rows;
+    bool graph_noted = false;
+    for (const Shape& shape : options.shapes) {
+        const int64_t kv_heads = options.kv_heads >= 0 ? options.kv_heads : shape.heads;
+        const Form form = make_form(options, shape, kv_heads);
+        Row shape_row;  // What every row of this shape shares.
+        shape_row.shape = shape.text();
+        shape_row.kv_heads = kv_heads;
+        shape_row.dtype = rope::dtype_name(options.dtype);
+        shape_row.style = rope::style_name(options.style);
+        shape_row.layout = rope::layout_name(options.layout);
+        shape_row.placement = options.in_place ? "in" : "out";
+        shape_row.precise = options.precise;
+        shape_row.position_offset = options.position_offset;
+        shape_row.form = form.name;
+        shape_row.form_detail = form.detail;
+        std::map<rope::Device, std::unique_ptr<Workload>> workloads;  // Built on first use.
+        for (const std::string& name : options.backends) {
+            const rope::BackendInfo info = rope::backend_info(name);
+            const bool host = info.device == rope::Device::host;
+            if (host && options.graph && !std::exchange(graph_noted, true))
+                std::cerr << "rope-bench: note: --graph applies to CUDA backends only; CPU backends are timed "
+                             "as always (timing = clock)\n";
+            // GPU backends ignore threads: run them once, not once per thread count.
+            for (int threads : host ? options.threads : std::vector<int>{0}) {
+                Row row = shape_row;
+                row.backend = name;
+                row.threads = host ? std::to_string(resolve_threads(threads)) : "-";
+                row.timing = host ? "clock" : options.graph ? "graph" : "events";
+                if (!info.available) row.not_run = "skipped: " + info.reason;
+#if !ROPE_BENCH_CUDA
+                if (row.not_run.empty() && !host) row.not_run = "skipped: rope-bench built without CUDA timing";
+#endif
+                if (row.not_run.empty()) {
+                    std::unique_ptr<Workload>& workload = workloads[info.device];
+                    if (!workload) workload = std::make_unique<Workload>(options, form, info.device);
+                    caches[info.device] = std::to_string(workload->cache().bytes >> 20) + " MiB (" +
+                                          workload->cache().source + ")";
+                    row.cache = caches[info.device];
+                    rope::BackendOptions backend_options;
+                    backend_options.threads = resolve_threads(threads);
+                    const std::unique_ptr<rope::Backend> backend = rope::make_backend(name, backend_options);
+                    row = workload->measure_row(*backend, backend_options.threads, row);
+                }
+                rows.push_back(row);
+                if (options.format == "table") std::cerr << "done: " << name << " " << row.shape << "\n";
+            }
+        }
+    }
+    return rows;
+}
+
 }  // namespace
+}  // namespace rope_bench
 
 int main(int argc, char** argv) {
     rope_bench::Options options;
@@ -130,53 +295,10 @@ int main(int argc, char** argv) {
         std::cout << options.usage;
         return 0;
     }
-    std::vector<rope_bench::Row> rows;
     std::map<rope::Device, std::string> caches;  // For the preamble: what each device's sets defeat.
-    bool graph_noted = false;
     try {
-        for (const rope_bench::Shape& shape : options.shapes) {
-            const int64_t kv_heads = options.kv_heads >= 0 ? options.kv_heads : shape.heads;
-            const rope_bench::Form form = rope_bench::make_form(options, shape, kv_heads);
-            std::map<rope::Device, std::unique_ptr<rope_bench::Workload>> workloads;  // Built on first use.
-            for (const std::string& name : options.backends) {
-                const rope::BackendInfo info = rope::backend_info(name);
-                const bool host = info.device == rope::Device::host;
-                if (host && options.graph && !std::exchange(graph_noted, true))
-                    std::cerr << "rope-bench: note: --graph applies to CUDA backends only; CPU backends are timed "
-                                 "as always (timing = clock)\n";
-                // GPU backends ignore threads: run them once, not once per thread count.
-                for (int threads : host ? options.threads : std::vector<int>{0}) {
-                    rope_bench::Row row;
-                    row.backend = name;
-                    row.shape = shape_text(shape);
-                    row.kv_heads = kv_heads;
-                    row.dtype = std::string(rope::dtype_name(options.dtype));
-                    row.style = std::string(rope::style_name(options.style));
-                    row.layout = std::string(rope::layout_name(options.layout));
-                    row.placement = options.in_place ? "in" : "out";
-                    row.threads = host ? std::to_string(resolve_threads(threads)) : "-";
-                    row.timing = host ? "clock" : options.graph ? "graph" : "events";
-                    row.precise = options.precise;
-                    row.position_offset = options.position_offset;
-                    row.form = form.name;
-                    row.form_detail = form.detail;
-                    if (!info.available) row.not_run = "skipped: " + info.reason;
-#if !ROPE_BENCH_CUDA
-                    if (row.not_run.empty() && !host) row.not_run = "skipped: rope-bench built without CUDA timing";
-#endif
-                    if (row.not_run.empty()) {
-                        std::unique_ptr<rope_bench::Workload>& workload = workloads[info.device];
-                        if (!workload) workload = std::make_unique<rope_bench::Workload>(options, form, info.device);
-                        caches[info.device] = std::to_string(workload->cache().bytes >> 20) + " MiB (" +
-                                              workload->cache().source + ")";
-                        row.cache = caches[info.device];
-                        row = measure_row(options, *workload, info, resolve_threads(threads), row);
-                    }
-                    rows.push_back(row);
-                    if (options.format == "table") std::cerr << "done: " << name << " " << row.shape << "\n";
-                }
-            }
-        }
+        const std::vector<rope_bench::Row> rows = rope_bench::measure_all(options, caches);
+        rope_bench::write_rows(std::cout, rows, options.format, rope_bench::preamble(options, caches));
     } catch (const rope_bench::UsageError& error) {
         std::cerr << "rope-bench: " << error.what() << "\n";
         return 2;
@@ -184,6 +306,5 @@ int main(int argc, char** argv) {
         std::cerr << "rope-bench: " << error.what() << "\n";
         return 1;
     }
-    rope_bench::write_rows(std::cout, rows, options.format, preamble(options, caches));
     return 0;
 }

@@ -66,7 +66,8 @@ PackedLengths parse_packed(const std::string& text) {
         return packed;
     }
     const std::size_t colon = text.find(':', dots);
-    const std::string range_end = text.substr(dots + 2, colon == std::string::npos ? std::string::npos : colon - dots - 2);
+    const std::size_t range_end_length = colon == std::string::npos ? std::string::npos : colon - dots - 2;
+    const std::string range_end = text.substr(dots + 2, range_end_length);
     const std::vector<int64_t> low = parse_integers(text.substr(0, dots), "--packed (MIN of MIN..MAX)");
     const std::vector<int64_t> high = parse_integers(range_end, "--packed (MAX of MIN..MAX)");
     if (low.size() != 1 || high.size() != 1)
@@ -75,7 +76,8 @@ PackedLengths parse_packed(const std::string& text) {
     packed.max_length = high[0];
     if (colon != std::string::npos) {
         const std::vector<int64_t> total = parse_integers(text.substr(colon + 1), "--packed (TOTAL)");
-        if (total.size() != 1 || total[0] < 1) throw UsageError("--packed: TOTAL must be one integer >= 1 in '" + text + "'");
+        if (total.size() != 1 || total[0] < 1)
+            throw UsageError("--packed: TOTAL must be one integer >= 1 in '" + text + "'");
         packed.total = total[0];
     }
     if (packed.min_length < 1 || packed.max_length < packed.min_length)
@@ -83,8 +85,7 @@ PackedLengths parse_packed(const std::string& text) {
     return packed;
 }
 
-// A check that a number is at least `least` (CLI11's own NonNegativeNumber
-// prints its range as 0 to the largest double).
+// A check that a number is at least `least` (CLI11's NonNegativeNumber prints its range as 0 to the largest double).
 CLI::Validator at_least(int least) {
     return CLI::Validator(
         [least](std::string& text) {
@@ -166,13 +167,11 @@ Options parse_options(int argc, const char* const* argv) {
         ->check(CLI::IsMember({"table", "csv", "json"}));
 
     options.usage = app.help();
-    if (argc < 1 || argv == nullptr) throw UsageError("argc = " + std::to_string(argc) + ": argv[0] must be the program's name");
+    if (argc < 1 || argv == nullptr)
+        throw UsageError("argc = " + std::to_string(argc) + ": argv[0] must be the program's name");
     try {
         app.parse(argc, argv);
-    } catch (const CLI::CallForHelp&) {
-        options.help = true;
-        return options;
-    } catch (const CLI::CallForAllHelp&) {
+    } catch (const CLI::Success&) {  // --help: CLI11 signals it as a success (CLI::CallForHelp).
         options.help = true;
         return options;
     } catch (const CLI::ParseError& error) {

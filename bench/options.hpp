@@ -1,8 +1,7 @@
 #pragma once
 /// @file options.hpp
-/// @brief rope-bench's command line: what to measure, parsed from argv into one
-/// struct (with CLI11). Parsing never exits and never touches a device, so a
-/// fuzz target can call parse_options on any argv.
+/// @brief rope-bench's command line, parsed from argv into one struct (with CLI11). Parsing never exits and
+/// never touches a device, so a fuzz target can call parse_options on any argv.
 
 #include <cstdint>
 #include <stdexcept>
@@ -15,19 +14,19 @@
 
 namespace rope_bench {
 
-/// @brief One --shape B,H,N,D: batch, q heads, tokens per sequence, head_dim.
-/// Packed (thd) tensors hold the batch's B x N tokens as one sequence of packed ones.
+/// @brief One --shape B,H,N,D: batch, q heads, tokens per sequence, head_dim (thd: B x N packed tokens).
 struct Shape {
     int64_t batch = 1, heads = 32, seq = 4096, head_dim = 128;
+    /// @brief "B,H,N,D".
+    std::string text() const {
+        return std::to_string(batch) + "," + std::to_string(heads) + "," + std::to_string(seq) + "," +
+               std::to_string(head_dim);
+    }
 };
 
-/// @brief --packed: the lengths of the sequences packed into one thd tensor.
-///
-/// Either an explicit list (`--packed 100,3000,28`), or lengths drawn
-/// uniformly from [min_length, max_length] with a fixed seed until they reach
-/// `total` tokens, the last one cut to fit (`--packed 1..8192:32768`); total 0
-/// means the shape's batch x seq. Without --packed, a thd layout packs the
-/// shape's batch of equal sequences.
+/// @brief --packed: an explicit list of lengths (`--packed 100,3000,28`), or lengths drawn uniformly from
+/// [min_length, max_length] with a fixed seed until they reach `total` tokens, the last one cut to fit
+/// (`--packed 1..8192:32768`). Without --packed, a thd layout packs the shape's batch of equal sequences.
 struct PackedLengths {
     bool enabled = false;           ///< --packed was given.
     std::vector<int64_t> lengths;   ///< The explicit list (empty: drawn).
@@ -52,19 +51,16 @@ struct Options {
     bool precise = false;               ///< RopeConfig::precise_angles.
     int64_t position_offset = 0;        ///< Position of each sequence's first token.
     bool graph = false;                 ///< GPU: time by CUDA graph replay.
-    // The position forms (each measured against the copy of the same tensor bytes).
+    // The position forms (options.cpp's help text describes them).
     PackedLengths packed;               ///< --packed.
     int64_t cp_size = 1;                ///< --cp SIZE,RANK: context-parallel ranks (1: no split).
     int64_t cp_rank = 0;                ///< --cp SIZE,RANK: this rank.
     /// --mrope (mrope_contiguous, mrope_interleaved) or --axial (axial); single otherwise.
     rope::AxisAssignment multi_axis = rope::AxisAssignment::single;
-    /// Pairs per axis: --axial's list, or --sections (M-RoPE); empty: --mrope's
-    /// default (Qwen2-VL's [16,24,24] or Qwen3-VL's [24,20,20] scaled to rotary_dim/2).
+    /// Pairs per axis: --axial's list, or --sections (M-RoPE); empty: --mrope's default.
     std::vector<int64_t> sections;
     bool table = false;                 ///< --table: a caller's cos/sin table (RopeArgs::cos_sin_cache).
-    /// --ids: the plain positions given as an int64 ids tensor [seq] shared by the batch, read
-    /// from memory as the multi-axis, packed and table forms read theirs.
-    bool ids = false;
+    bool ids = false;                   ///< --ids: the plain positions as an int64 ids tensor in memory.
     std::string format = "table";       ///< table, csv or json.
     bool help = false;                  ///< --help: print usage and do nothing else.
     std::string usage;                  ///< The help text (always filled).

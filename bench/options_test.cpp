@@ -93,38 +93,19 @@ TEST_CASE("position forms") {
 
 TEST_CASE("what parse_options refuses, each with a UsageError") {
     const std::vector<std::vector<std::string>> refused{
-        {"--no-such-option"},
-        {"--backend", "no-such-backend"},
-        {"--dtype", "fp64"},
-        {"--layout", "sbhd"},
-        {"--shape", "1,2,3"},
-        {"--shape", "1,2,3,4,5"},
-        {"--shape", "1,-2,3,4"},
-        {"--shape", "1,x,3,4"},
-        {"--shape", ""},
-        {"--kv-heads", "-1"},
-        {"--runs", "0"},
-        {"--reps", "many"},
-        {"--threads", "1,-1"},
-        {"--cp", "2,2"},
-        {"--cp", "0,0"},
-        {"--cp", "2"},
-        {"--packed", "5..3"},
-        {"--packed", "0..4"},
-        {"--packed", "1..4:0"},
-        {"--packed", "1..4:"},
-        {"--packed", "..4"},
-        {"--packed", "1,,2"},
-        {"--mrope", "diagonal"},
-        {"--sections", "16,24,24"},                              // Without --mrope.
-        {"--mrope", "contiguous", "--sections", "16,24"},        // Not 3 of them.
-        {"--mrope", "contiguous", "--axial", "32,32"},           // Both.
-        {"--axial", "64"},                                       // One axis.
-        {"--axial", "8,8,8,8,8"},                                // More than kMaxPositionAxes.
-        {"--ids", "--mrope", "contiguous"},                      // Ids of one axis, or of three.
+        {"--no-such-option"}, {"stray"}, {"--backend", "no-such-backend"}, {"--dtype", "fp64"}, {"--layout", "sbhd"},
+        {"--format", "xml"}, {"--shape", "1,2,3"}, {"--shape", "1,2,3,4,5"}, {"--shape", "1,-2,3,4"},
+        {"--shape", "1,x,3,4"}, {"--shape", ""}, {"--kv-heads", "-1"}, {"--runs", "0"}, {"--reps", "many"},
+        {"--threads", "1,-1"}, {"--cp", "2,2"}, {"--cp", "0,0"}, {"--cp", "2"}, {"--packed", "5..3"},
+        {"--packed", "0..4"}, {"--packed", "1..4:0"}, {"--packed", "1..4:"}, {"--packed", "..4"},
+        {"--packed", "1,,2"}, {"--mrope", "diagonal"},
+        {"--sections", "16,24,24"},                        // Without --mrope.
+        {"--mrope", "contiguous", "--sections", "16,24"},  // Not 3 of them.
+        {"--mrope", "contiguous", "--axial", "32,32"},     // Both.
+        {"--axial", "64"},                                 // One axis.
+        {"--axial", "8,8,8,8,8"},                          // More than kMaxPositionAxes.
+        {"--ids", "--mrope", "contiguous"},                // Ids of one axis, or of three.
         {"--ids", "--axial", "32,32"},
-        {"--format", "xml"},
-        {"stray"},
     };
     for (const auto& arguments : refused) {
         std::string line;

@@ -3,34 +3,16 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 namespace rope_bench {
 namespace {
-
-// The columns, in order. The first 18 are the original ones; later columns are
-// appended, so that existing consumers keep their column positions.
-//   sets         sets of q and k the calls rotate through (spanning twice `cache`)
-//   calls        timed repetitions per run (GPU: each a batch of calls >= 1 ms)
-//   median_us    median time of one call, of the reported run
-//   GBps         bytes moved / median_us; copy_GBps: the same bytes / the ceiling's time
-//   pct_of_copy  100 x ceiling time / call time, of the reported run (the median ratio)
-//   status       ok, or "skipped: why" / "unsupported: why" (then the numbers are empty)
-//   timing       clock (host), events or graph (GPU)
-//   form         plain, packed, mrope, axial; cp and table alone or joined with '+'
-//   runs         whole measurements; pct_min, pct_max: their smallest and largest ratio
-//   ceiling      which copy was fastest; ceilings: every candidate's median microseconds
-//   form_detail  the form's contents (lengths, grid, sections, shard, table size)
-//   cache        the cache the sets defeat, and what it was read from
-const std::vector<std::string> kColumns{
-    "backend", "shape", "kv_heads", "dtype", "style", "layout", "placement", "threads", "sets", "calls",
-    "median_us", "GBps", "copy_GBps", "pct_of_copy", "status", "precise", "position_offset", "timing",
-    // Position forms, the spread over runs, and which copy was the ceiling.
-    "form", "runs", "pct_min", "pct_max", "ceiling", "form_detail", "ceilings", "cache"};
 
 struct Cell {
     std::string text;
     bool number = false;  // Right-aligned in a table, unquoted in JSON (null when empty).
 };
+using Cells = std::vector<std::pair<const char*, Cell>>;  // Column name, cell.
 
 std::string fixed(double value, int decimals) {
     char text[64];
@@ -38,63 +20,69 @@ std::string fixed(double value, int decimals) {
     return text;
 }
 
-std::vector<Cell> cells_of(const Row& row) {
+// The columns, in order. Columns after `timing` were appended later, so that existing consumers keep their
+// column positions. The measurements are empty in a row that did not run (status says why).
+Cells cells_of(const Row& row) {
     const bool ran = row.not_run.empty();
     const Measurement& m = row.summary.reported;
-    auto number = [&](const std::string& text) { return Cell{ran ? text : "", true}; };
+    auto measured = [&](const std::string& text) { return Cell{ran ? text : "", true}; };
     auto gbps = [&](double us) { return fixed(row.bytes / (us * 1e3), 1); };
-    return {{row.backend},
-            {row.shape},
-            {std::to_string(row.kv_heads), true},
-            {row.dtype},
-            {row.style},
-            {row.layout},
-            {row.placement},
-            {row.threads, row.threads != "-"},
-            number(std::to_string(row.sets)),
-            number(std::to_string(m.reps)),
-            number(fixed(m.call_us, m.call_us < 100 ? 2 : 1)),
-            number(gbps(m.call_us)),
-            number(gbps(m.ceiling.us)),
-            number(fixed(m.percent_of_copy(), 1)),
-            {ran ? "ok" : row.not_run},
-            {row.precise ? "1" : "0", true},
-            {std::to_string(row.position_offset), true},
-            {row.timing},
-            {row.form},
-            number(std::to_string(row.summary.runs)),
-            number(fixed(row.summary.pct_min, 1)),
-            number(fixed(row.summary.pct_max, 1)),
-            {ran ? m.ceiling.name : ""},
-            {row.form_detail},
-            {ran ? m.ceiling.describe() : ""},
-            {row.cache}};
+    return {{"backend", {row.backend}},
+            {"shape", {row.shape}},
+            {"kv_heads", {std::to_string(row.kv_heads), true}},
+            {"dtype", {row.dtype}},
+            {"style", {row.style}},
+            {"layout", {row.layout}},
+            {"placement", {row.placement}},
+            {"threads", {row.threads, row.threads != "-"}},
+            {"sets", measured(std::to_string(row.sets))},  // Spanning twice `cache`.
+            {"calls", measured(std::to_string(m.reps))},   // Timed repetitions per run (GPU: batches >= 1 ms).
+            {"median_us", measured(fixed(m.call_us, m.call_us < 100 ? 2 : 1))},  // Of the reported run.
+            {"GBps", measured(gbps(m.call_us))},
+            {"copy_GBps", measured(gbps(m.ceiling.us))},
+            {"pct_of_copy", measured(fixed(m.percent_of_copy(), 1))},  // The median ratio of the runs.
+            {"status", {ran ? "ok" : row.not_run}},
+            {"precise", {row.precise ? "1" : "0", true}},
+            {"position_offset", {std::to_string(row.position_offset), true}},
+            {"timing", {row.timing}},
+            {"form", {row.form}},
+            {"runs", measured(std::to_string(row.summary.runs))},
+            {"pct_min", measured(fixed(row.summary.pct_min, 1))},  // The smallest and largest ratio of the runs.
+            {"pct_max", measured(fixed(row.summary.pct_max, 1))},
+            {"ceiling", {ran ? m.ceiling.name : ""}},           // Which copy was fastest.
+            {"form_detail", {row.form_detail}},
+            {"ceilings", {ran ? m.ceiling.describe() : ""}},    // Every candidate's median microseconds.
+            {"cache", {row.cache}}};
 }
 
-void write_table(std::ostream& out, const std::vector<std::vector<Cell>>& rows) {
+// The column names: those of any row's cells.
+std::vector<std::string> column_names() {
+    std::vector<std::string> names;
+    for (const auto& [name, cell] : cells_of(Row{})) names.push_back(name);
+    return names;
+}
+
+void write_table(std::ostream& out, const std::vector<Cells>& rows) {
+    const std::vector<std::string> columns = column_names();
     std::vector<size_t> widths;
-    std::vector<bool> right(kColumns.size(), false);
-    for (const std::string& column : kColumns) widths.push_back(column.size());
-    for (const auto& row : rows)
+    std::vector<bool> right(columns.size(), false);
+    for (const std::string& name : columns) widths.push_back(name.size());
+    for (const Cells& row : rows)
         for (size_t c = 0; c < row.size(); ++c) {
-            widths[c] = std::max(widths[c], std::max<size_t>(row[c].text.size(), 1));
-            right[c] = right[c] || (row[c].number && !row[c].text.empty());
+            widths[c] = std::max(widths[c], std::max<size_t>(row[c].second.text.size(), 1));
+            right[c] = right[c] || (row[c].second.number && !row[c].second.text.empty());
         }
-    auto line = [&](const std::vector<std::string>& texts) {
+    auto line = [&](auto text_of) {
         std::string text;
-        for (size_t c = 0; c < texts.size(); ++c) {
-            const std::string cell = texts[c].empty() ? "-" : texts[c];
+        for (size_t c = 0; c < columns.size(); ++c) {
+            const std::string cell = text_of(c).empty() ? "-" : text_of(c);
             const std::string pad(widths[c] - cell.size(), ' ');
-            text += (c ? "  " : "") + (right[c] ? pad + cell : cell + (c + 1 < texts.size() ? pad : ""));
+            text += (c ? "  " : "") + (right[c] ? pad + cell : cell + (c + 1 < columns.size() ? pad : ""));
         }
         out << text << "\n";
     };
-    line(kColumns);
-    for (const auto& row : rows) {
-        std::vector<std::string> texts;
-        for (const Cell& cell : row) texts.push_back(cell.text);
-        line(texts);
-    }
+    line([&](size_t c) { return columns[c]; });
+    for (const Cells& row : rows) line([&](size_t c) { return row[c].second.text; });
 }
 
 // RFC 4180: a field with a comma, quote or line break is quoted, its quotes doubled.
@@ -105,25 +93,16 @@ std::string csv_field(const std::string& text) {
     return quoted + "\"";
 }
 
-void write_csv(std::ostream& out, const std::vector<std::vector<Cell>>& rows) {
-    for (size_t c = 0; c < kColumns.size(); ++c) out << (c ? "," : "") << kColumns[c];
-    out << "\n";
-    for (const auto& row : rows) {
-        for (size_t c = 0; c < row.size(); ++c) out << (c ? "," : "") << csv_field(row[c].text);
-        out << "\n";
-    }
-}
-
-// A JSON string literal (error messages may hold quotes or backslashes).
+// A JSON string literal (error messages may hold quotes, backslashes or control characters).
 std::string json_string(const std::string& text) {
     std::string quoted = "\"";
     for (char c : text) {
+        const auto code = static_cast<unsigned char>(c);
+        char escaped[8];
         if (c == '"' || c == '\\') {
-            quoted += '\\';
-            quoted += c;
-        } else if (static_cast<unsigned char>(c) < 0x20) {
-            char escaped[8];
-            std::snprintf(escaped, sizeof escaped, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
+            quoted += {'\\', c};
+        } else if (code < 0x20) {
+            std::snprintf(escaped, sizeof escaped, "\\u%04x", unsigned(code));
             quoted += escaped;
         } else {
             quoted += c;
@@ -132,32 +111,36 @@ std::string json_string(const std::string& text) {
     return quoted + "\"";
 }
 
-void write_json(std::ostream& out, const std::vector<std::vector<Cell>>& rows) {
-    out << "[\n";
-    for (size_t r = 0; r < rows.size(); ++r) {
-        out << "  {";
-        for (size_t c = 0; c < rows[r].size(); ++c) {
-            const Cell& cell = rows[r][c];
-            const std::string value = cell.number ? (cell.text.empty() ? "null" : cell.text) : json_string(cell.text);
-            out << (c ? ", " : "") << "\"" << kColumns[c] << "\": " << value;
-        }
-        out << (r + 1 < rows.size() ? "},\n" : "}\n");
-    }
-    out << "]\n";
-}
-
 }  // namespace
 
-void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format, const std::string& preamble) {
-    std::vector<std::vector<Cell>> cells;
+void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format,
+                const std::string& preamble) {
+    std::vector<Cells> cells;
     for (const Row& row : rows) cells.push_back(cells_of(row));
-    if (format == "csv") {
-        write_csv(out, cells);
-    } else if (format == "json") {
-        write_json(out, cells);
-    } else {
+    if (format == "table") {
         out << preamble << "\n";
         write_table(out, cells);
+    } else if (format == "csv") {
+        const std::vector<std::string> columns = column_names();
+        for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c];
+        out << "\n";
+        for (const Cells& row : cells) {
+            for (size_t c = 0; c < row.size(); ++c) out << (c ? "," : "") << csv_field(row[c].second.text);
+            out << "\n";
+        }
+    } else {  // json
+        out << "[\n";
+        for (size_t r = 0; r < cells.size(); ++r) {
+            out << "  {";
+            for (size_t c = 0; c < cells[r].size(); ++c) {
+                const auto& [name, cell] = cells[r][c];
+                std::string value = cell.number ? cell.text : json_string(cell.text);
+                if (value.empty()) value = "null";  // A number that was not measured.
+                out << (c ? ", " : "") << "\"" << name << "\": " << value;
+            }
+            out << (r + 1 < cells.size() ? "},\n" : "}\n");
+        }
+        out << "]\n";
     }
 }
 

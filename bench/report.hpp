@@ -1,7 +1,7 @@
 #pragma once
 /// @file report.hpp
-/// @brief rope-bench's results: one row type, one writer for every format
-/// (an aligned table, CSV, JSON), the same columns in the same order in all three.
+/// @brief rope-bench's results: one row type, one writer for every format (an aligned table, CSV, JSON),
+/// the same columns in the same order in all three.
 
 #include <cstdint>
 #include <ostream>
@@ -22,18 +22,18 @@ struct Row {
     std::string timing;     ///< How calls were timed: "clock" (host), "events" or "graph" (GPU).
     bool precise = false;
     int64_t position_offset = 0;
-    std::string form;       ///< plain, packed, cp, mrope, axial, table, or a combination joined by '+'.
+    std::string form;       ///< plain, packed, cp, mrope, axial, ids, table, or several joined by '+'.
     std::string form_detail;
     std::string cache;      ///< The cache the sets span twice: "32 MiB (sysfs: L3 ...)".
-    /// Why it did not run ("skipped: ...", "unsupported: ..."); empty when it ran.
-    std::string not_run;
+    std::string not_run;    ///< Why it did not run ("skipped: ...", "unsupported: ..."); empty when it ran.
     int64_t sets = 0;       ///< Sets of q and k the calls rotate through.
     double bytes = 0;       ///< Bytes one call moves: q and k read once and written once.
     Summary summary;        ///< The measurement, when it ran.
 };
 
-/// @brief Writes @p rows in @p format ("table", "csv" or "json") to @p out; a table
-/// is preceded by @p preamble (a comment line on the method and the machine).
-void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format, const std::string& preamble);
+/// @brief Writes @p rows in @p format ("table", "csv" or "json") to @p out; a table is preceded by
+/// @p preamble (comment lines on the method and the machine).
+void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format,
+                const std::string& preamble);
 
 }  // namespace rope_bench

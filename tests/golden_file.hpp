@@ -1,5 +1,5 @@
 #pragma once
-// Reading the golden-vector files written by scripts/make_golden_hf*.py:
+// Reading the golden-vector files written by scripts/make_golden_hf.py:
 // `key: value` lines, where the tensors (q, k, q_out, k_out), positions and
 // per-pair lists are whitespace-separated numbers and everything else is text.
 #include <array>

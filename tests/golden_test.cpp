@@ -1,7 +1,7 @@
 // Golden vectors from HuggingFace transformers, made by scripts in scripts/ on a
 // machine where PyTorch and transformers are installed:
 //  - tests/golden/hf_*.txt (scripts/make_golden_hf.py): text RoPE, half-split and interleaved;
-//  - tests/golden/multiaxis/hf_*.txt (scripts/make_golden_hf_multiaxis.py): M-RoPE with
+//  - tests/golden/multiaxis/hf_*.txt (scripts/make_golden_hf.py): M-RoPE with
 //    contiguous sections (Qwen2-VL), interleaved sections (Qwen3-VL) and interleaved pairs
 //    (GLM-4.1V), and Qwen2-VL's axial vision RoPE, with distinct temporal/height/width rows.
 // Every backend must reproduce transformers' own outputs, in the default and the
@@ -98,7 +98,7 @@ std::vector<golden::File> multiaxis_goldens() {
     std::vector<golden::File> all = golden::load_all(multiaxis_dir, "hf_");
     REQUIRE_MESSAGE(!all.empty(), "golden files missing: no hf_*.txt in "
                                       << multiaxis_dir.string()
-                                      << " (generate them with scripts/make_golden_hf_multiaxis.py on a machine "
+                                      << " (generate them with scripts/make_golden_hf.py on a machine "
                                          "with transformers)");
     return all;
 }

@@ -1,5 +1,5 @@
 // Scaled RoPE against golden vectors from HuggingFace transformers
-// (scripts/make_golden_hf_scaling.py, run on the H200 machine where PyTorch and
+// (scripts/make_golden_hf.py, run on the H200 machine where PyTorch and
 // transformers are installed; files in tests/golden/scaling/). For every
 // scaling type transformers implements, rope's frequency table must match
 // transformers' inv_freq and attention factor, and every backend must
@@ -29,7 +29,7 @@ std::vector<Golden> goldens() {
     std::vector<Golden> all = golden::load_all(golden_dir, "hf_scaling_");
     REQUIRE_MESSAGE(!all.empty(), "golden files missing: no hf_scaling_*.txt in "
                                       << golden_dir.string()
-                                      << " (generate them with scripts/make_golden_hf_scaling.py on a machine with transformers)");
+                                      << " (generate them with scripts/make_golden_hf.py on a machine with transformers)");
     return all;
 }
 

@@ -1,10 +1,7 @@
-# Runs Doxygen, then copies the MathJax files the pages load into html/mathjax.
+# Runs Doxygen on a fresh html/ (no page of a removed chapter or symbol survives), then copies the MathJax
+# files the pages load into html/mathjax. WARN_AS_ERROR=FAIL_ON_WARNINGS: Doxygen reports every warning, then fails.
 #   cmake -DDOXYGEN=<doxygen> -DDOXYFILE=<Doxyfile> -DHTML_DIR=<html> -DMATHJAX_DIR=<libjs-mathjax>
 #         -DSTAMP=<file> [-DPAGES_DIR=<generated pages> -DTUTORIALS_DIR=<tutorials>] -P run_doxygen.cmake
-#
-# html/ is rebuilt from scratch so no page of a removed chapter or symbol
-# survives. Doxygen runs with WARN_AS_ERROR=FAIL_ON_WARNINGS: it reports every
-# warning, then fails.
 cmake_minimum_required(VERSION 3.25)  # script mode: today's policies (empty list elements kept)
 foreach(required DOXYGEN DOXYFILE HTML_DIR MATHJAX_DIR STAMP)
     if(NOT DEFINED ${required})
@@ -13,8 +10,7 @@ foreach(required DOXYGEN DOXYFILE HTML_DIR MATHJAX_DIR STAMP)
 endforeach()
 file(REMOVE ${STAMP})
 file(REMOVE_RECURSE ${HTML_DIR})
-execute_process(COMMAND ${DOXYGEN} ${DOXYFILE} RESULT_VARIABLE status
-    OUTPUT_VARIABLE printed ERROR_VARIABLE printed)
+execute_process(COMMAND ${DOXYGEN} ${DOXYFILE} RESULT_VARIABLE status OUTPUT_VARIABLE printed ERROR_VARIABLE printed)
 if(printed)
     # A warning in a generated chapter page names the chapter's own file.
     if(PAGES_DIR AND TUTORIALS_DIR)
@@ -28,10 +24,8 @@ if(NOT status EQUAL 0)
                         "document every name listed above (file:line), or fix the markup.")
 endif()
 
-# MathJax 2.7 with the SVG output (it needs no web fonts, so it works from
-# file:// in every browser): the loader, the TeX input, the SVG output with its
-# TeX font data, the extensions and the English strings. About 2 MB of the
-# package's 54 MB.
+# MathJax 2.7 with the SVG output (no web fonts, so it works from file:// in every browser): the loader, the
+# TeX input, the SVG output and its TeX fonts, the extensions, the English strings. 2 MB of the package's 54 MB.
 set(mathjax ${HTML_DIR}/mathjax)
 file(MAKE_DIRECTORY ${mathjax}/jax/output/SVG/fonts ${mathjax}/jax/element ${mathjax}/jax/input ${mathjax}/localization)
 file(COPY ${MATHJAX_DIR}/MathJax.js ${MATHJAX_DIR}/extensions DESTINATION ${mathjax})
