@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "rope/error.hpp"
 #include "rope/detail/plan.hpp"
@@ -39,11 +40,12 @@ bool addressable(const TensorView& view) {
 
 // Checks one view on its own: sizes, strides, pointer, device, dtype.
 void check_view(const std::string& name, const TensorView& view, DType dtype, Device device) {
+    // Names are built only for a failure: this runs on every call, where allocating them would cost more than the checks.
     for (int axis = 0; axis < 4; ++axis) {
-        const std::string axis_name = name + ".shape[" + std::to_string(axis) + "]";
-        if (view.shape[axis] < 0) fail(axis_name, view.shape[axis], "sizes must be >= 0");
-        const std::string stride_name = name + ".strides[" + std::to_string(axis) + "]";
-        if (view.strides[axis] < 0) fail(stride_name, view.strides[axis], "strides must be >= 0");
+        if (view.shape[axis] < 0)
+            fail(name + ".shape[" + std::to_string(axis) + "]", view.shape[axis], "sizes must be >= 0");
+        if (view.strides[axis] < 0)
+            fail(name + ".strides[" + std::to_string(axis) + "]", view.strides[axis], "strides must be >= 0");
     }
     if (view.layout == Layout::thd && view.shape[3] != 1)
         fail(name + ".shape[3]", view.shape[3], "must be 1 for a thd view ([total_tokens, heads, head_dim])");
@@ -174,7 +176,7 @@ void check_same_sizes(const std::string& name, const Geometry& got, const std::s
 // Scaling types whose frequencies depend on how long the sequence is.
 bool length_dependent(ScalingType type) { return type == ScalingType::dynamic || type == ScalingType::longrope; }
 
-void check_device(const std::string& name, Device got, Device device) {
+void check_device(std::string_view name, Device got, Device device) {
     if (got != device)
         fail(name, device_name(got), "this backend runs on " + std::string(device_name(device)));
 }
@@ -189,7 +191,7 @@ struct PositionFacts {
 // End of @p count consecutive positions from @p first on each of @p shards
 // context-parallel ranks: first + count * shards, the call's max_position.
 // It must fit in int64, as must every position the backends compute below it.
-int64_t positions_end(const std::string& name, int64_t first, int64_t count, int64_t shards) {
+int64_t positions_end(std::string_view name, int64_t first, int64_t count, int64_t shards) {
     int64_t span = 0, end = 0;
     if (__builtin_mul_overflow(count, shards, &span) || __builtin_add_overflow(first, span, &end))
         fail(name, first,
@@ -235,13 +237,13 @@ void check_packed(const Positions& positions, int64_t batch, int64_t seq, Positi
     const int64_t* cu = positions.cu_seqlens;
     if (cu[0] != 0) fail("positions.cu_seqlens[0]", cu[0], "must be 0");
     for (int64_t b = 0; b < positions.sequences; ++b) {
-        const std::string entry = "positions.cu_seqlens[" + std::to_string(b + 1) + "]";
+        const auto entry = [b] { return "positions.cu_seqlens[" + std::to_string(b + 1) + "]"; };
         // Compared before subtracting: with the entries so far in [0, seq], the difference cannot overflow.
         if (cu[b + 1] < cu[b])
-            fail(entry, cu[b + 1], "must be >= cu_seqlens[" + std::to_string(b) + "] = " + std::to_string(cu[b]) +
+            fail(entry(), cu[b + 1], "must be >= cu_seqlens[" + std::to_string(b) + "] = " + std::to_string(cu[b]) +
                                        " (non-decreasing)");
         const int64_t length = cu[b + 1] - cu[b];
-        if (cu[b + 1] > seq) fail(entry, cu[b + 1], "must be <= total tokens = " + std::to_string(seq));
+        if (cu[b + 1] > seq) fail(entry(), cu[b + 1], "must be <= total tokens = " + std::to_string(seq));
         if (positions.cp_size > 1 && length % 2 != 0)
             fail("sequence " + std::to_string(b) + " length", length,
                  "must be even with cp_size > 1 (this rank holds two equal chunks of it)");
@@ -347,20 +349,22 @@ CosSinTable check_table(const CosSinCache& cache, const RopeConfig& config, int6
 // replaces the angles, so then nothing is checked.
 void check_angles(const FrequencyTable& frequencies, const RopeConfig& config, int64_t largest, bool table) {
     if (table) return;
-    // The base as fail() prints numbers (1e-45, not std::to_string's 0.000000).
-    const std::string source = "(from base = " + to_text(config.base) + " and scaling " +
-                               std::string(scaling_type_name(config.scaling.type)) + ")";
+    // The base as fail() prints numbers (1e-45, not std::to_string's 0.000000); built only for a failure.
+    const auto source = [&] {
+        return "(from base = " + to_text(config.base) + " and scaling " +
+               std::string(scaling_type_name(config.scaling.type)) + ")";
+    };
     float largest_theta = 0.0f;
     for (size_t i = 0; i < frequencies.inv_freq.size(); ++i) {
         if (!std::isfinite(frequencies.inv_freq[i]))
-            fail("theta_" + std::to_string(i), frequencies.inv_freq[i], "is not finite in float32 " + source);
+            fail("theta_" + std::to_string(i), frequencies.inv_freq[i], "is not finite in float32 " + source());
         largest_theta = std::max(largest_theta, frequencies.inv_freq[i]);
     }
     if (!std::isfinite(frequencies.attention_factor))
-        fail("attention factor", frequencies.attention_factor, "is not finite in float32 " + source);
+        fail("attention factor", frequencies.attention_factor, "is not finite in float32 " + source());
     if (!config.precise_angles && largest > 0 && !std::isfinite(static_cast<float>(largest) * largest_theta))
         fail("positions", "largest " + std::to_string(largest),
-             "times the largest theta " + source + " overflows float32");
+             "times the largest theta " + source() + " overflows float32");
 }
 
 }  // namespace

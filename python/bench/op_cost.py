@@ -7,7 +7,9 @@ next to rope-bench's C++ call, timed the same way in the same run.
 Rows (fp32, neox, in place, k with 32 heads as rope-bench's default, positions 0):
   rope-bench            the C++ Backend::run of a prebuilt plan (bench/main.cpp)
   rope.ops.rope_        the Python function in eager code: launches the kernel directly
-  torch.ops.rope.apply_ the registered operator, through PyTorch's dispatcher
+  torch.ops.rope.apply_ the registered operator: PyTorch's C++ dispatcher, then rope's C++
+                        kernel (python/torch_ops/); its status says so, or that the
+                        library was not loaded and the Python custom_op was timed instead
   rope.apply            the generic DLPack entry point (NumPy/CuPy/PyTorch alike)
   rope.ops.rope         the functional, differentiable operator (allocates its outputs)
 each with events timing (back-to-back calls: includes the host's cost per call
@@ -42,6 +44,8 @@ def python_rows(dtype):
         "rope.ops.rope": lambda i: ops.rope(sets.q[i], sets.k[i], config, positions=0),
         "copy (ceiling)": sets.copy,
     }
+    # The operator timed must be the C++ one (rope/_torch_ops.so); a row says so when it is not.
+    operator = "ok" if ops.CPP_OPERATOR else "ok (Python custom_op: rope/_torch_ops.so not loaded)"
     rows = []
     ceiling, _ = ceiling_us(sets)
     for timing, measure in TIMINGS.items():
@@ -49,7 +53,8 @@ def python_rows(dtype):
             try:
                 us = measure(call, sets.count)
                 rows.append(dict(what=name, timing=timing, median_us=f"{us:.2f}",
-                                 pct_of_copy=f"{100 * ceiling / us:.1f}", sets=sets.count, status="ok"))
+                                 pct_of_copy=f"{100 * ceiling / us:.1f}", sets=sets.count,
+                                 status=operator if name == "torch.ops.rope.apply_" else "ok"))
             except Exception as error:  # one row's failure (e.g. a capture PyTorch refuses) is reported, not fatal
                 rows.append(dict(what=name, timing=timing, median_us="", pct_of_copy="", sets=sets.count,
                                  status=f"failed: {type(error).__name__}: {error}"[:200]))
@@ -91,7 +96,8 @@ def main():
         writer = csv.DictWriter(f, columns)
         writer.writeheader()
         writer.writerows({c: row.get(c, "") for c in columns} for row in rows)
-    print(f"decode [1,32,1,128] fp32, {torch.cuda.get_device_name()}:")
+    print(f"decode [1,32,1,128] fp32, {torch.cuda.get_device_name()}; torch.ops.rope.apply_ from "
+          f"{ops.CPP_OPERATOR or 'Python (custom_op)'}:")
     for row in rows:
         print(f"  {row['what']:<24} {row['timing']:<7} {row.get('median_us', ''):>8} us  "
               f"{row.get('pct_of_copy', ''):>6}% of copy  {row.get('status', '')}")

@@ -150,6 +150,9 @@ class Config:
             native.assignment = _rope.AxisAssignment.axial
             native.sections = [int(s) for s in axial_sections]
         native.validate()
+        self._set_native(native)
+
+    def _set_native(self, native: "_rope.RopeConfig") -> None:
         self._native = native
         self._key = json.dumps(self._as_dict(), sort_keys=True)
 
@@ -279,7 +282,8 @@ def _native_scaling(fields: dict) -> "_rope.Scaling":
 
 @lru_cache(maxsize=256)
 def _config_from_key(key: str) -> Config:
-    fields = json.loads(key)
-    scaling = fields.pop("scaling")
-    rotary_dim = fields.pop("rotary_dim")
-    return Config(scaling=scaling, rotary_dim=rotary_dim, **fields)
+    # Read in C++ (python/src/config_key.cpp), by the same code as the PyTorch
+    # operator's C++ kernel reads it: the two cannot disagree on what a key means.
+    config = Config.__new__(Config)
+    config._set_native(_rope.config_from_key(key))
+    return config

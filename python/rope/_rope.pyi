@@ -199,6 +199,11 @@ class RopeConfig:
     def validate(self) -> None:
         """Raises rope.Error naming the first field out of range."""
 
+def config_from_key(key: str) -> RopeConfig:
+    """
+    The validated RopeConfig a rope.Config.key describes (the reader the PyTorch operator's C++ kernel uses).
+    """
+
 def frequency_table(config: RopeConfig, max_position: int) -> tuple:
     """
     (inv_freq, attention_factor): theta_i in float32 and the factor on cos and sin, as every backend uses them.

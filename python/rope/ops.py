@@ -1,11 +1,18 @@
 """rope as PyTorch operators: torch.ops.rope.apply_ (in place) and torch.ops.rope.apply (functional).
 
 Importing this module (``rope.ops``; ``import rope`` alone never imports torch)
-registers two operators with ``torch.library.custom_op``:
+registers two operators:
 
-- ``rope::apply_`` rotates q and k in place. It declares the mutation
-  (``mutates_args``), so torch.compile orders it correctly against every other
-  use of q and k, and it returns nothing. For inference (no autograd).
+- ``rope::apply_`` rotates q and k in place. Its schema declares the mutation
+  (``Tensor(a0!) q, Tensor(a1!)? k``), so torch.compile orders it correctly
+  against every other use of q and k, and it returns nothing. For inference
+  (no autograd). It is registered in C++ (python/torch_ops/: TORCH_LIBRARY, loaded
+  from rope/_torch_ops.so), so a call goes from Python through PyTorch's C++
+  dispatcher to rope's kernel with no Python in between; registered in Python
+  (torch.library.custom_op) the dispatch cost about 17 us per call. Where the
+  library was not built (PyTorch missing at build time, e.g. ``pip install .``
+  in an isolated build environment) or was built for another PyTorch version,
+  the same schema is registered with custom_op instead (``CPP_OPERATOR`` says which).
 - ``rope::apply`` returns the rotated q and k as new tensors. It is
   differentiable: RoPE is a rotation R, linear in q and k, so the gradient of
   the loss with respect to q is R^T times the gradient with respect to the
@@ -13,18 +20,25 @@ registers two operators with ``torch.library.custom_op``:
   operator with ``inverse`` flipped, applied to the incoming gradients
   (``register_autograd``). With an attention factor a (yarn, longrope) the
   forward is a R and the backward a R^T: rope's inverse direction keeps the factor.
+  A custom_op: its cost per call is Python's, next to an allocation of the outputs.
 
 Both have a fake (meta) implementation: given tensors without data, it says
 what the outputs look like, so torch.compile(fullgraph=True) traces through
 the call instead of breaking the graph.
 
 The rope.Config travels through the operator as its ``key`` (a JSON string:
-operators take tensors, numbers and strings); the Config is rebuilt from it
-once and cached. The cos/sin table and the ids are not differentiated.
+operators take tensors, numbers and strings); the C++ kernel and
+``Config.from_key`` read it with the same C++ code, once per key, cached. The
+cos/sin table and the ids are not differentiated. A bad argument raises
+rope.Error (a ValueError) from rope and from rope_ in eager code; the C++
+torch.ops.rope.apply_ raises ValueError with the same message.
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
+import warnings
 from typing import Any, Optional, Tuple
 
 import torch
@@ -68,19 +82,52 @@ def _launch(q: Tensor, k: Optional[Tensor], q_out: Optional[Tensor], k_out: Opti
 
 
 # --- rope::apply_: in place ------------------------------------------------------------------
-@torch.library.custom_op("rope::apply_", mutates_args=("q", "k"))
+def _load_cpp_operator() -> Optional[str]:
+    """Loads rope/_torch_ops.so, which registers rope::apply_ in C++; its path, or None where it cannot be used.
+
+    The library is tied to the PyTorch it was compiled against (PyTorch's C++ API
+    changes between versions): it is loaded only into that version, else a warning
+    says so and the operator is registered in Python. ROPE_PYTHON_OPERATOR=1 asks
+    for the Python registration (to compare the two).
+    """
+    here = pathlib.Path(__file__).resolve().parent
+    library = here / "_torch_ops.so"
+    if os.environ.get("ROPE_PYTHON_OPERATOR") == "1" or not library.exists():
+        return None
+    stamp = here / "_torch_ops.torch_version"
+    built_for = stamp.read_text().strip() if stamp.exists() else "an unknown version"
+    if built_for != torch.__version__:
+        warnings.warn(f"rope: {library.name} was built for PyTorch {built_for}, this is PyTorch {torch.__version__}: "
+                      "torch.ops.rope.apply_ is registered in Python instead (slower per call); reinstall rope "
+                      "against this PyTorch to get the C++ operator", RuntimeWarning)
+        return None
+    torch.ops.load_library(str(library))
+    return str(library)
+
+
+#: The path of the C++ operator library in use, or None where rope::apply_ is registered in Python.
+CPP_OPERATOR: Optional[str] = _load_cpp_operator()
+
+
 def _apply_in_place(q: Tensor, k: Optional[Tensor], config: str, offset: int, ids: Optional[Tensor],
                     cu_seqlens: Optional[Tensor], starts: Optional[Tensor], cp_size: int, cp_rank: int,
                     cos_sin_cache: Optional[Tensor], layout: str, inverse: bool, backend: str,
                     max_position: int) -> None:
+    """rope::apply_ in Python: the kernel where the C++ library is not loaded."""
     _launch(q, k, None, None, Config.from_key(config)._native, offset, ids, cu_seqlens, starts, cp_size, cp_rank,
             cos_sin_cache, layout, inverse, backend, max_position)
 
 
-@_apply_in_place.register_fake
-def _(q, k, config, offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache, layout, inverse, backend,
-      max_position):
+def _apply_in_place_fake(q, k, config, offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache, layout,
+                         inverse, backend, max_position):
     return None  # Nothing new: q and k are changed where they are.
+
+
+if CPP_OPERATOR is None:
+    torch.library.custom_op("rope::apply_", mutates_args=("q", "k"))(_apply_in_place).register_fake(
+        _apply_in_place_fake)
+else:
+    torch.library.register_fake("rope::apply_")(_apply_in_place_fake)
 
 
 # --- rope::apply: functional, differentiable ---------------------------------------------------
@@ -152,17 +199,19 @@ def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None,
     ids tensor; layout, cu_seqlens, starts, cp, cos_sin_cache, inverse,
     backend, max_position). The kernel runs on PyTorch's current stream. Under
     torch.compile (or any tracing) the call is the operator torch.ops.rope.apply_;
-    in plain eager code the kernel is launched directly, without the operator's
-    dispatch cost.
+    in plain eager code the kernel is launched directly through rope._rope,
+    without PyTorch's dispatcher.
     """
     offset, ids, cu, st, cp_size, cp_rank, layout, backend = _arguments(q, config, positions, layout, cu_seqlens,
                                                                          starts, cp, backend)
     if _eager(q):
-        # The operator's dispatch costs tens of microseconds of Python per call
-        # (a [1,1,1,2] call on the 2-core CI machine: 70 us through
-        # torch.ops.rope.apply_, 9 us this way; on a GPU: python/bench/op_cost.py).
         # In plain eager code, where nothing traces or transforms the call, the
-        # kernel is launched directly: the same call.
+        # kernel is launched directly: the same call without PyTorch's dispatcher,
+        # which costs a few microseconds even with the C++ kernel (parsing 14
+        # arguments against the schema, then three dispatch keys), and tens with the
+        # Python fallback. On the 2-core CI machine, [1,32,1,128] fp32 on cpu-eigen:
+        # 9.6 us through torch.ops.rope.apply_ (33 us with custom_op), 8.8 us this
+        # way; on a GPU: python/bench/op_cost.py.
         _launch(q, k, None, None, config._native, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
                 bool(inverse), backend, int(max_position))
     else:

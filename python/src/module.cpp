@@ -2,13 +2,11 @@
 //
 // The module is thin on purpose: the C++ structs appear under their own names
 // (RopeConfig, Scaling, BackendInfo), arrays cross through DLPack without a
-// copy (dlpack_views.hpp), and one function, apply(), assembles rope::RopeArgs
-// and calls rope::apply. What is Python's business (HuggingFace dicts, keyword
+// copy (dlpack_views.hpp), and one function, apply(), imports them, has
+// call_args.hpp check them and assemble rope::RopeArgs (the code the PyTorch
+// operator in python/torch_ops/ shares) and calls rope::apply. What is Python's business (HuggingFace dicts, keyword
 // defaults, streams of PyTorch and CuPy, bfloat16 NumPy arrays) lives in the
 // pure-Python package rope/ on top of it.
-#include <map>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +23,7 @@
 
 #include <rope/rope.hpp>
 
+#include "config_key.hpp"
 #include "dlpack_views.hpp"
 
 namespace nb = nanobind;
@@ -32,25 +31,6 @@ using namespace nb::literals;
 
 namespace rope_python {
 namespace {
-
-// --- Backends: one object per name, shared ---------------------------------------
-// rope's built-in backend objects may be called from several threads at once
-// (rope/backend.hpp), so one per name serves every Python thread; creating one
-// per call would cost an allocation (and, for CUDA, more) on every call.
-rope::Backend& backend_named(const std::string& name) {
-    static std::mutex mutex;
-    static std::map<std::string, std::unique_ptr<rope::Backend>> backends;
-    std::lock_guard<std::mutex> lock(mutex);
-    std::unique_ptr<rope::Backend>& backend = backends[name];
-    if (!backend) backend = rope::make_backend(name);  // Throws rope::Error for unknown or unavailable names.
-    return *backend;
-}
-
-// The default backend for a call whose tensors live on @p device.
-std::string default_backend(rope::Device device) {
-    if (device == rope::Device::cuda) return "cuda-optimized";
-    return rope::backend_info("cpu-eigen").available ? "cpu-eigen" : "cpu-naive";
-}
 
 // --- The CUDA device of a call ------------------------------------------------------
 // rope's CUDA backends run on the current CUDA device. A PyTorch tensor on
@@ -81,86 +61,6 @@ private:
     int previous_ = -1;
 };
 
-// Every CUDA array of one call must be on one device: the first one met names it.
-struct CallDevice {
-    std::string first_name;
-    int cuda_device = -1;
-    void add(const std::string& name, const Placement& placement) {
-        if (placement.device != rope::Device::cuda) return;
-        if (cuda_device < 0) {
-            cuda_device = placement.cuda_device;
-            first_name = name;
-        } else if (placement.cuda_device != cuda_device) {
-            rope::fail(name + ".device", "cuda:" + std::to_string(placement.cuda_device),
-                       "must be on the CUDA device of " + first_name + " (cuda:" + std::to_string(cuda_device) + ")");
-        }
-    }
-};
-
-Placement placement_of_array(const std::string& name, const InputArray& array) {
-    return placement_of(name, array.device_type(), array.device_id());
-}
-Placement placement_of_array(const std::string& name, const OutputArray& array) {
-    return placement_of(name, array.device_type(), array.device_id());
-}
-
-// --- Positions --------------------------------------------------------------------------
-// The forms of rope::Positions, from what Python passed: an offset, an ids
-// array ([seq], [batch, seq], [axes, seq] or [axes, batch, seq]), packed
-// sequences (cu_seqlens, starts), and a context-parallel shard of either.
-struct PositionArrays {
-    std::optional<InputArray> ids, cu_seqlens, starts;  // Kept alive for the call.
-};
-
-rope::Positions positions_of(const rope::RopeConfig& config, int64_t offset, nb::handle ids, nb::handle cu_seqlens,
-                             nb::handle starts, int64_t cp_size, int64_t cp_rank, int64_t max_position,
-                             PositionArrays& arrays, CallDevice& call_device) {
-    rope::Positions positions = rope::Positions::starting_at(offset);
-    if (!ids.is_none()) {
-        arrays.ids = import_input("positions", ids);
-        const IndexArray index = index_array("positions", *arrays.ids, 3);
-        const int64_t axes = config.multi_axis.axes();
-        // [seq] | [batch, seq] for one axis; [axes, seq] | [axes, batch, seq] for several.
-        int64_t id_axes = 1, rows = 1, length = index.shape[size_t(index.ndim - 1)];
-        if (index.ndim == 2 && axes == 1) rows = index.shape[0];
-        if (index.ndim == 2 && axes > 1) id_axes = index.shape[0];
-        if (index.ndim == 3) {
-            id_axes = index.shape[0];
-            rows = index.shape[1];
-        }
-        positions = rope::Positions::multi_axis(index.data, id_axes, rows, length, index.placement.device);
-        call_device.add("positions", index.placement);
-    }
-    if (!cu_seqlens.is_none()) {
-        arrays.cu_seqlens = import_input("cu_seqlens", cu_seqlens);
-        const IndexArray cu = index_array("cu_seqlens", *arrays.cu_seqlens, 1);
-        const int64_t* first_positions = nullptr;
-        if (!starts.is_none()) {
-            arrays.starts = import_input("starts", starts);
-            const IndexArray s = index_array("starts", *arrays.starts, 1);
-            if (s.shape[0] != cu.shape[0] - 1)
-                rope::fail("starts.shape[0]", s.shape[0],
-                           "must be len(cu_seqlens) - 1 = " + std::to_string(cu.shape[0] - 1) + " (one per sequence)");
-            if (s.placement.device != cu.placement.device)
-                rope::fail("starts.device", rope::device_name(s.placement.device),
-                           "must be where cu_seqlens is (" + std::string(rope::device_name(cu.placement.device)) + ")");
-            first_positions = s.data;
-            call_device.add("starts", s.placement);
-        }
-        const rope::Positions packed =
-            rope::Positions::packed(cu.data, cu.shape[0] - 1, first_positions, cu.placement.device);
-        positions.cu_seqlens = packed.cu_seqlens;
-        positions.sequences = packed.sequences;
-        positions.starts = packed.starts;
-        if (ids.is_none()) positions.device = packed.device;
-        call_device.add("cu_seqlens", cu.placement);
-    } else if (!starts.is_none()) {
-        rope::fail("starts", "set", "is only read with cu_seqlens (packed sequences)");
-    }
-    positions.max_position = max_position;
-    return positions.sharded(cp_size, cp_rank);
-}
-
 // --- apply -------------------------------------------------------------------------------
 // One rope::apply call. q_out/k_out None: in place. k None: rotate q only.
 // bfloat16_bits: bit 0 q, 1 k, 2 q_out, 3 k_out hold bfloat16 as uint16.
@@ -168,69 +68,35 @@ void apply(const std::string& backend_name, const rope::RopeConfig& config, nb::
            nb::handle q_out, nb::handle k_out, const std::string& layout_name, int64_t offset, nb::handle ids,
            nb::handle cu_seqlens, nb::handle starts, int64_t cp_size, int64_t cp_rank, int64_t max_position,
            nb::handle cos_sin_cache, bool inverse, uintptr_t stream, int bfloat16_bits) {
-    const rope::Layout layout = rope::parse_layout(layout_name);
-    const bool in_place = q_out.is_none();
-    if (in_place && !k_out.is_none()) rope::fail("out", "(None, k_out)", "give both outputs or neither");
-    auto bits = [&](int operand) { return (bfloat16_bits >> operand & 1) != 0; };
-    CallDevice call_device;
-
     // Every array stays imported (and its producer referenced) until the call returns.
-    std::optional<InputArray> q_in, k_in;
-    std::optional<OutputArray> q_written, k_written;
-    rope::RopeArgs args;
-    if (in_place) {
-        q_written = import_output("q", q);
-        args.q = tensor_view("q", *q_written, layout, bits(0));
-        call_device.add("q", placement_of_array("q", *q_written));
-        args.q_out = args.q;
-    } else {
-        q_in = import_input("q", q);
-        q_written = import_output("out[0]", q_out);
-        args.q = tensor_view("q", *q_in, layout, bits(0));
-        args.q_out = tensor_view("out[0]", *q_written, layout, bits(2));
-        call_device.add("q", placement_of_array("q", *q_in));
-        call_device.add("out[0]", placement_of_array("out[0]", *q_written));
-    }
-    if (k.is_none()) {
-        // Rotate q only: a k with no heads (rope's convention), same device.
-        if (!k_out.is_none()) rope::fail("out[1]", "set", "must be None when k is None");
-        args.k = args.q;
-        args.k.data = nullptr;
-        args.k.shape[layout == rope::Layout::bshd ? 2 : 1] = 0;
-        args.k_out = args.k;
-    } else if (in_place) {
-        k_written = import_output("k", k);
-        args.k = tensor_view("k", *k_written, layout, bits(1));
-        call_device.add("k", placement_of_array("k", *k_written));
-        args.k_out = args.k;
-    } else {
-        if (k_out.is_none()) rope::fail("out[1]", "None", "k needs an output too (out=(q_out, k_out))");
-        k_in = import_input("k", k);
-        k_written = import_output("out[1]", k_out);
-        args.k = tensor_view("k", *k_in, layout, bits(1));
-        args.k_out = tensor_view("out[1]", *k_written, layout, bits(3));
-        call_device.add("k", placement_of_array("k", *k_in));
-        call_device.add("out[1]", placement_of_array("out[1]", *k_written));
-    }
+    const bool in_place = q_out.is_none();
+    std::optional<InputArray> read[8];
+    std::optional<OutputArray> written[4];
+    Array arrays[8];
+    // Imports argument number @p role: for writing when rope writes into it, else for reading.
+    auto take = [&](int role, const char* name, nb::handle object, bool writes) -> const Array* {
+        if (object.is_none() && role != 0) return nullptr;  // q is required: importing None names it.
+        if (writes) arrays[role] = array_of(*(written[role] = import_output(name, object)));
+        else arrays[role] = array_of(*(read[role] = import_input(name, object)));
+        return &arrays[role];
+    };
+    CallArrays call_arrays;
+    call_arrays.q = take(0, "q", q, in_place);
+    call_arrays.k = take(1, "k", k, in_place);
+    call_arrays.q_out = take(2, "out[0]", q_out, true);
+    call_arrays.k_out = take(3, "out[1]", k_out, true);
+    call_arrays.ids = take(4, "positions", ids, false);
+    call_arrays.cu_seqlens = take(5, "cu_seqlens", cu_seqlens, false);
+    call_arrays.starts = take(6, "starts", starts, false);
+    call_arrays.cos_sin_cache = take(7, "cos_sin_cache", cos_sin_cache, false);
 
-    PositionArrays position_arrays;
-    args.positions = positions_of(config, offset, ids, cu_seqlens, starts, cp_size, cp_rank, max_position,
-                                  position_arrays, call_device);
-    std::optional<InputArray> table;
-    if (!cos_sin_cache.is_none()) {
-        table = import_input("cos_sin_cache", cos_sin_cache);
-        Placement placement;
-        args.cos_sin_cache = rope_python::cos_sin_cache(*table, placement);
-        call_device.add("cos_sin_cache", placement);
-    }
-    args.direction = inverse ? rope::Direction::inverse : rope::Direction::forward;
-    args.stream = reinterpret_cast<void*>(stream);
-
-    rope::Backend& backend = backend_named(backend_name.empty() ? default_backend(args.q.device) : backend_name);
-    CudaDeviceGuard device_guard(backend.device() == rope::Device::cuda ? call_device.cuda_device : -1);
+    CallOptions options{backend_name, layout_name, offset, cp_size, cp_rank, max_position, inverse, bfloat16_bits};
+    Call call = prepare_call(config, call_arrays, options);
+    call.args.stream = reinterpret_cast<void*>(stream);
+    CudaDeviceGuard device_guard(call.cuda_device);
     // Long CPU calls must not stall other Python threads: the arrays are held above.
     nb::gil_scoped_release no_gil;
-    rope::apply(backend, config, args);
+    rope::apply(*call.backend, config, call.args);
 }
 
 }  // namespace
@@ -303,6 +169,10 @@ NB_MODULE(_rope, m) {
         .def("effective_rotary_dim", &rope::RopeConfig::effective_rotary_dim)
         .def("validate", [](const rope::RopeConfig& c) { rope::validate(c); },
              "Raises rope.Error naming the first field out of range.");
+
+    m.def(
+        "config_from_key", [](const std::string& key) { return rope_python::config_from_key(key); }, "key"_a,
+        "The validated RopeConfig a rope.Config.key describes (the reader the PyTorch operator's C++ kernel uses).");
 
     m.def(
         "frequency_table",

@@ -4,6 +4,13 @@ torch.compile(fullgraph=True) graph, and differentiated (gradcheck; the backward
 inverse rotation). test_huggingface.py compares them with transformers. On the
 host backends here; on CUDA too where there is a GPU (marked cuda)."""
 
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -146,3 +153,115 @@ def test_backward_is_the_inverse_rotation_of_the_gradient(device):
     want = oracle.rope(to_numpy(grad), oracle.offset_positions(2, 8, 7), oracle.theta(32, 10000.0), "gptj",
                        inverse=True)
     check(q.grad, want)
+
+
+# --- torch.ops.rope.apply_ registered in C++ (python/torch_ops/) --------------------------------
+LIBRARY = pathlib.Path(rope.__file__).parent / "_torch_ops.so"
+CPP_EXPECTED = os.environ.get("ROPE_EXPECT_CPP_OPERATOR") == "1" or LIBRARY.exists()
+
+
+def test_in_place_operator_is_the_cpp_one_where_built():
+    # Registered from Python (custom_op), every call costs Python dispatch (~17 us on the GPU
+    # machine): where the library was built, the operator must be its C++ kernel.
+    if not CPP_EXPECTED:
+        pytest.skip("rope/_torch_ops.so was not built (PyTorch absent at build time): the Python operator is used")
+    if os.environ.get("ROPE_PYTHON_OPERATOR") == "1":
+        pytest.skip("ROPE_PYTHON_OPERATOR=1 asks for the Python operator")
+    assert ops.CPP_OPERATOR == str(LIBRARY.resolve()), "rope/_torch_ops.so was built but rope.ops did not load it"
+    kernels = {line.split(":")[0]: line for line in torch._C._dispatch_dump("rope::apply_").splitlines()}
+    for key in ("CPU", "CUDA"):  # A C++ kernel is callable unboxed; one registered from Python is boxed only.
+        assert "unboxed" in kernels[key] and "operator" in kernels[key], kernels[key]
+
+
+def test_cpp_and_python_read_every_config_key_alike():
+    # The C++ kernel reads config.key itself (python/src/config_key.cpp): bit for bit the
+    # same rotation as rope.apply with the Config object, for every kind of configuration.
+    configs = [
+        (rope.Config(head_dim=64, rotary_dim=48, style="gptj", base=500000.0, precise_angles=True), 1),
+        (rope.Config(head_dim=64, scaling={"rope_type": "linear", "factor": 2.5}), 1),
+        (rope.Config(head_dim=64, scaling={"rope_type": "dynamic", "factor": 2.0,
+                                           "original_max_position_embeddings": 16}), 1),
+        (rope.Config(head_dim=64, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                           "beta_fast": 16, "mscale": 0.707, "mscale_all_dim": 1.0,
+                                           "truncate": False}), 1),
+        (rope.Config(head_dim=64, scaling={"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64,
+                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0}), 1),
+        (rope.Config(head_dim=64, scaling={"rope_type": "longrope", "factor": 4.0,
+                                           "original_max_position_embeddings": 32, "attention_factor": 1.2,
+                                           "short_factor": [1.0 + i / 64 for i in range(32)],
+                                           "long_factor": [1.0 + i / 8 for i in range(32)]}), 1),
+        (rope.Config(head_dim=64, mrope_section=[8, 12, 12]), 3),
+        (rope.Config(head_dim=64, mrope_section=[12, 10, 10], mrope_interleaved=True), 3),
+        (rope.Config(head_dim=64, axial_sections=[16, 16]), 2),
+    ]
+    g = torch.Generator().manual_seed(3)
+    for config, axes in configs:
+        q, k = torch.randn(1, 4, 6, 64, generator=g), torch.randn(1, 2, 6, 64, generator=g)
+        ids = torch.randint(0, 200, (axes, 6) if axes > 1 else (6,), generator=g)
+        want_q, want_k = q.clone(), k.clone()
+        rope.apply(want_q, want_k, config, positions=ids, backend="cpu-naive")
+        torch.ops.rope.apply_(q, k, config.key, 0, ids, None, None, 1, 0, None, "bhsd", False, "cpu-naive", 0)
+        assert torch.equal(q, want_q) and torch.equal(k, want_k), config
+
+
+@pytest.mark.parametrize("case", ["k dtype", "q head_dim", "ids dtype", "config key", "layout"])
+def test_bad_input_to_the_operator_names_it_and_writes_nothing(case):
+    config = rope.Config(head_dim=32)
+    q, k = torch.randn(1, 4, 8, 32), torch.randn(1, 2, 8, 32)
+    ids, key, layout = None, config.key, "bhsd"
+    if case == "k dtype":
+        k, expected = k.double(), "k.dtype = float64: must be float32, float16 or bfloat16"
+    elif case == "q head_dim":
+        q, k, expected = torch.randn(1, 4, 8, 64), torch.randn(1, 2, 8, 64), "q head_dim = 64: must equal config.head_dim"
+    elif case == "ids dtype":
+        ids, expected = torch.arange(8, dtype=torch.int32), "positions.dtype = int32: must be int64"
+    elif case == "config key":
+        key, expected = key.replace('"neox"', '"llama"'), "style = llama"
+    else:
+        layout, expected = "hsd", "layout = hsd"
+    q_before, k_before = q.clone(), k.clone()
+    with pytest.raises(ValueError, match=re.escape(expected)):  # rope.Error from the Python operator, a ValueError
+        torch.ops.rope.apply_(q, k, key, 0, ids, None, None, 1, 0, None, layout, False, "", 0)
+    assert torch.equal(q, q_before) and torch.equal(k, k_before)
+    if case != "config key":  # rope.ops.rope_ takes a Config: its key cannot be wrong.
+        with pytest.raises(rope.Error, match=re.escape(expected)):
+            ops.rope_(q, k, config, positions=ids, layout=layout)
+        assert torch.equal(q, q_before) and torch.equal(k, k_before)
+
+
+def test_in_place_operator_moves_the_version_counters():
+    # So autograd refuses a backward that would read a saved q or k after the rotation changed it.
+    q, k = torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16)
+    versions = q._version, k._version
+    torch.ops.rope.apply_(q, k, rope.Config(head_dim=16).key, 1, None, None, None, 1, 0, None, "bhsd", False, "", 0)
+    assert (q._version, k._version) == (versions[0] + 1, versions[1] + 1)
+    x = torch.randn(1, 2, 4, 16, requires_grad=True)
+    y = x * 2
+    saved = y.sin()  # sin saves y for its backward
+    torch.ops.rope.apply_(y.detach(), None, rope.Config(head_dim=16).key, 1, None, None, None, 1, 0, None, "bhsd",
+                          False, "", 0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+
+
+def test_python_operator_still_works_where_the_library_is_not_used():
+    # ROPE_PYTHON_OPERATOR=1 registers rope::apply_ with custom_op, as on a build without the
+    # library: same schema, same results, opcheck passes.
+    code = textwrap.dedent("""
+        import torch, rope
+        from rope import ops
+        assert ops.CPP_OPERATOR is None
+        config = rope.Config(head_dim=32)
+        q, k = torch.randn(2, 4, 8, 32), torch.randn(2, 2, 8, 32)
+        want_q, want_k = q.clone(), k.clone()
+        rope.apply(want_q, want_k, config, positions=5)
+        args = (config.key, 5, None, None, None, 1, 0, None, "bhsd", False, "", 0)
+        torch.library.opcheck(torch.ops.rope.apply_.default, (q.clone(), k.clone(), *args))
+        torch.ops.rope.apply_(q, k, *args)
+        assert torch.equal(q, want_q) and torch.equal(k, want_k)
+        print(torch.ops.rope.apply_.default._schema)
+    """)
+    environment = {**os.environ, "ROPE_PYTHON_OPERATOR": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(torch.ops.rope.apply_.default._schema)

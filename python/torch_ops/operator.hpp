@@ -1,0 +1,58 @@
+#pragma once
+// torch.ops.rope.apply_, the kernel: PyTorch tensors in, one rope::apply call.
+//
+// The kernel is written once, as a template over what runs the prepared call
+// (run_host in operator.cpp; run_cuda in operator_cuda.cpp, which adds
+// PyTorch's device guard and current stream), and each file registers its
+// instance for its dispatch key. The tensors are checked by the same code as
+// rope.apply's arrays (python/src/call_args.hpp), so the messages are the same.
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <c10/util/string_view.h>
+
+#include <rope/rope.hpp>
+
+#include "call_args.hpp"
+
+namespace rope_torch {
+
+/// The operator's scalar arguments and its tensors, checked and assembled.
+rope_python::Call prepare(const rope::RopeConfig& config, const at::Tensor& q, const std::optional<at::Tensor>& k,
+                          const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& cu_seqlens,
+                          const std::optional<at::Tensor>& starts, const std::optional<at::Tensor>& cos_sin_cache,
+                          const rope_python::CallOptions& options);
+
+/// The RopeConfig of a rope.Config.key, read once per distinct key (python/src/config_key.hpp) and
+/// kept: a call then costs a map lookup, not a parse. The reference stays valid for the process.
+const rope::RopeConfig& config_for_key(std::string_view key);
+
+/// What runs a prepared call on its device.
+using Runner = void (*)(const rope::RopeConfig& config, rope_python::Call& call);
+
+inline std::string_view view(c10::string_view text) { return {text.data(), text.size()}; }
+
+/// rope::apply_ for one dispatch key. A rope::Error becomes c10::ValueError
+/// with rope's message (Python: ValueError; rope.ops.rope_ raises it as rope.Error),
+/// raised before anything is written: q and k are left as they were.
+template <Runner run>
+void apply_in_place(const at::Tensor& q, const std::optional<at::Tensor>& k, c10::string_view config, int64_t offset,
+                    const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& cu_seqlens,
+                    const std::optional<at::Tensor>& starts, int64_t cp_size, int64_t cp_rank,
+                    const std::optional<at::Tensor>& cos_sin_cache, c10::string_view layout, bool inverse,
+                    c10::string_view backend, int64_t max_position) {
+    try {
+        const rope::RopeConfig& rope_config = config_for_key(view(config));
+        const rope_python::CallOptions options{view(backend), view(layout), offset,  cp_size,
+                                               cp_rank,       max_position, inverse, 0};
+        rope_python::Call call = prepare(rope_config, q, k, ids, cu_seqlens, starts, cos_sin_cache, options);
+        run(rope_config, call);
+    } catch (const rope::Error& error) {
+        TORCH_CHECK_VALUE(false, error.what());
+    }
+}
+
+}  // namespace rope_torch
