@@ -152,7 +152,8 @@ rope::TensorView tensor_view(const std::string& name, const Array& array, rope::
 
 IndexArray index_array(const std::string& name, const Array& array, int max_ndim) {
     if (!is(array.dtype, dlpack::Code::Int, 64))
-        rope::fail(name + ".dtype", dtype_text(array.dtype), "must be int64 (e.g. tensor.long(), array.astype(np.int64))");
+        rope::fail(name + ".dtype", dtype_text(array.dtype),
+                   "must be int64 (e.g. tensor.long(), array.astype(np.int64))");
     if (array.ndim < 1 || int(array.ndim) > max_ndim)
         rope::fail(name + ".ndim", array.ndim, "must be 1 to " + std::to_string(max_ndim));
     IndexArray index;
@@ -196,14 +197,20 @@ Call prepare_call(const rope::RopeConfig& config, const CallArrays& arrays, cons
     Call call;
     rope::RopeArgs& args = call.args;
 
-    args.q = tensor_view("q", *arrays.q, layout, bits(0));
-    call_device.add("q", *arrays.q);
-    if (in_place) {
-        args.q_out = args.q;
-    } else {
-        args.q_out = tensor_view("out[0]", *arrays.q_out, layout, bits(2));
-        call_device.add("out[0]", *arrays.q_out);
-    }
+    // One operand: its input's view, and its output's (the input itself in place); bit i of
+    // bfloat16_bits marks q, k, out[0], out[1] in that order.
+    auto operand = [&](const char* name, const Array& input, int input_bit, const char* out_name,
+                       const Array* output, int output_bit, rope::TensorView& view, rope::TensorView& out_view) {
+        view = tensor_view(name, input, layout, bits(input_bit));
+        call_device.add(name, input);
+        if (in_place) {
+            out_view = view;
+            return;
+        }
+        out_view = tensor_view(out_name, *output, layout, bits(output_bit));
+        call_device.add(out_name, *output);
+    };
+    operand("q", *arrays.q, 0, "out[0]", arrays.q_out, 2, args.q, args.q_out);
     if (!arrays.k) {
         // Rotate q only: a k with no heads (rope's convention), same device.
         if (arrays.k_out) rope::fail("out[1]", "set", "must be None when k is None");
@@ -213,14 +220,7 @@ Call prepare_call(const rope::RopeConfig& config, const CallArrays& arrays, cons
         args.k_out = args.k;
     } else {
         if (!in_place && !arrays.k_out) rope::fail("out[1]", "None", "k needs an output too (out=(q_out, k_out))");
-        args.k = tensor_view("k", *arrays.k, layout, bits(1));
-        call_device.add("k", *arrays.k);
-        if (in_place) {
-            args.k_out = args.k;
-        } else {
-            args.k_out = tensor_view("out[1]", *arrays.k_out, layout, bits(3));
-            call_device.add("out[1]", *arrays.k_out);
-        }
+        operand("k", *arrays.k, 1, "out[1]", arrays.k_out, 3, args.k, args.k_out);
     }
 
     args.positions = positions_of(config, arrays, options, call_device);
