@@ -31,6 +31,14 @@ ROPE_HOST_DEVICE inline PairIndex pair_elements(Style style, int64_t rotary_dim,
     return {2 * i, 2 * i + 1};
 }
 
+/// @brief rope_angle with the position already converted to float32: the same
+/// product, for code that converts a token's position once and reuses it for
+/// every pair of the token (TokenPositions::axis_float).
+/// @param position float32(position id).
+/// @param inv_freq theta_i of the pair, in float32.
+/// @return position * inv_freq, in radians (not reduced to [-pi, pi]).
+ROPE_HOST_DEVICE inline float rope_angle_from_float(float position, float inv_freq) { return position * inv_freq; }
+
 /// @brief Rotation angle of pair i at @p position: position * theta_i, in float32.
 ///
 /// Both factors are converted to float32 and multiplied once, exactly as
@@ -41,7 +49,7 @@ ROPE_HOST_DEVICE inline PairIndex pair_elements(Style style, int64_t rotary_dim,
 /// @param inv_freq theta_i of the pair, in float32.
 /// @return float32(position) * inv_freq, in radians (not reduced to [-pi, pi]).
 ROPE_HOST_DEVICE inline float rope_angle(int64_t position, float inv_freq) {
-    return static_cast<float>(position) * inv_freq;
+    return rope_angle_from_float(static_cast<float>(position), inv_freq);
 }
 
 /// @brief The precise mode's angle of pair i at @p position (RopeConfig::precise_angles).

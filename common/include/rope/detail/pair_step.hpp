@@ -23,6 +23,11 @@ namespace rope {
 /// @brief The positions of one token on every axis it has (one, for text RoPE).
 struct TokenPositions {
     int64_t axis[kMaxPositionAxes];  ///< Position on axis a, for a < the plan's axes.
+    /// float32(axis[a]): the factor of the default angle (rope_angle_from_float), converted
+    /// once per token rather than once per pair. On a GPU, choosing each pair's int64
+    /// position and converting it pair by pair measured 5 to 7 points slower at M-RoPE
+    /// (H200, bf16 [1,28,8192,128]) than choosing among the converted floats.
+    float axis_float[kMaxPositionAxes];
 
     /// @brief The position pair @p pair turns by: its axis's (AngleRule::pair_axis), or with one
     /// axis the only one, without reading pair_axis (a GPU would serialise a warp's reads of it).
@@ -45,6 +50,13 @@ struct TokenPositions {
     ROPE_HOST_DEVICE int64_t of_axis(int64_t index) const {
         return index == 0 ? axis[0] : index == 1 ? axis[1] : index == 2 ? axis[2] : axis[3];
     }
+
+    /// @brief of_axis in float32: axis_float[index], by the same chain of selects.
+    /// @param index the pair's axis.
+    /// @return float32 of the token's position on that axis.
+    ROPE_HOST_DEVICE float of_axis_float(int64_t index) const {
+        return index == 0 ? axis_float[0] : index == 1 ? axis_float[1] : index == 2 ? axis_float[2] : axis_float[3];
+    }
 };
 
 /// @brief Positions of token (b, s) on each of @p axes axes.
@@ -63,7 +75,31 @@ ROPE_HOST_DEVICE inline TokenPositions token_positions(const PositionSource& sou
 #endif
     for (int64_t a = 1; a < kMaxPositionAxes; ++a)
         positions.axis[a] = own_rows && a < axes ? source.at(b, s, a) : positions.axis[0];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int64_t a = 0; a < kMaxPositionAxes; ++a) positions.axis_float[a] = static_cast<float>(positions.axis[a]);
     return positions;
+}
+
+/// @brief cos and sin of @p angle, times the call's scales (AngleRule::cos_scale, sin_scale).
+/// @param rule the call's angle rule.
+/// @param angle the pair's angle, in radians.
+/// @param[out] cos_angle cos_scale * cos(angle).
+/// @param[out] sin_angle sin_scale * sin(angle).
+template <typename Rule>
+ROPE_HOST_DEVICE inline void scaled_sincos(const Rule& rule, float angle, float& cos_angle, float& sin_angle) {
+    float cos_raw, sin_raw;
+#if defined(__CUDA_ARCH__)
+    // CUDA's accurate sincosf (this project never builds with --use_fast_math:
+    // the default angles are not reduced to [-pi, pi], where the fast one is accurate).
+    sincosf(angle, &sin_raw, &cos_raw);
+#else
+    cos_raw = std::cos(angle);
+    sin_raw = std::sin(angle);
+#endif
+    cos_angle = rule.cos_scale * cos_raw;
+    sin_angle = rule.sin_scale * sin_raw;
 }
 
 /// @brief cos and sin of pair @p pair at @p position, times the call's scales.
@@ -82,8 +118,8 @@ ROPE_HOST_DEVICE inline TokenPositions token_positions(const PositionSource& sou
 template <typename Rule>
 ROPE_HOST_DEVICE inline void rotation_factors(const Rule& rule, int64_t position, int64_t pair, float& cos_angle,
                                               float& sin_angle) {
-    float cos_raw, sin_raw;
     if (rule.table.data != nullptr) {
+        float cos_raw, sin_raw;
         if (position < 0 || position >= rule.table.rows) {
             cos_raw = sin_raw = bits_to_float(0x7fc00000u);  // quiet NaN: visibly wrong, never out of bounds
         } else {
@@ -91,22 +127,47 @@ ROPE_HOST_DEVICE inline void rotation_factors(const Rule& rule, int64_t position
             cos_raw = row[pair];
             sin_raw = row[rule.table.pairs + pair];
         }
-    } else {
-        // The low part is read only in the precise mode: on a GPU each such read is a
-        // constant-bank access that a warp's different pairs serialise.
-        const float angle = rule.precise ? rope_angle_precise(position, rule.inv_freq[pair], rule.inv_freq_low[pair])
-                                         : rope_angle(position, rule.inv_freq[pair]);
-#if defined(__CUDA_ARCH__)
-        // CUDA's accurate sincosf (this project never builds with --use_fast_math:
-        // the default angles are not reduced to [-pi, pi], where the fast one is accurate).
-        sincosf(angle, &sin_raw, &cos_raw);
-#else
-        cos_raw = std::cos(angle);
-        sin_raw = std::sin(angle);
-#endif
+        cos_angle = rule.cos_scale * cos_raw;
+        sin_angle = rule.sin_scale * sin_raw;
+        return;
     }
-    cos_angle = rule.cos_scale * cos_raw;
-    sin_angle = rule.sin_scale * sin_raw;
+    // The low part is read only in the precise mode: on a GPU each such read is a
+    // constant-bank access that a warp's different pairs serialise.
+    const float angle = rule.precise ? rope_angle_precise(position, rule.inv_freq[pair], rule.inv_freq_low[pair])
+                                     : rope_angle(position, rule.inv_freq[pair]);
+    scaled_sincos(rule, angle, cos_angle, sin_angle);
+}
+
+/// @brief True when @p rule turns pairs by the default angle: computed (no caller's table), not precise.
+/// @param rule the call's angle rule.
+/// @return whether rotation_factors<true> (of a token's positions) may be used with @p rule.
+template <typename Rule>
+ROPE_HOST_DEVICE inline bool default_angle_only(const Rule& rule) {
+    return rule.table.data == nullptr && !rule.precise;
+}
+
+/// @brief rotation_factors of pair @p pair of a token, whose position on the pair's axis
+/// @p axis is in @p positions: the same cos and sin, bit for bit.
+/// @tparam kDefaultAngleOnly true where the caller knows that default_angle_only(rule):
+///         the angle then takes the token's float32 position (TokenPositions::axis_float,
+///         converted once per token), and the code of the precise mode and of a table
+///         is not compiled in (on a GPU their double arithmetic and reads cost registers
+///         that the default angle, by far the most used, should not pay). False: any
+///         rule, through rotation_factors of the int64 id.
+/// @param rule the call's angle rule.
+/// @param positions the token's positions (token_positions).
+/// @param axis the pair's axis: AngleRule::pair_axis[pair], or 0 with one axis.
+/// @param pair the pair's index, in [0, rotary_dim/2).
+/// @param[out] cos_angle cos_scale * cos(angle).
+/// @param[out] sin_angle sin_scale * sin(angle).
+template <bool kDefaultAngleOnly, typename Rule>
+ROPE_HOST_DEVICE inline void rotation_factors(const Rule& rule, const TokenPositions& positions, int64_t axis,
+                                              int64_t pair, float& cos_angle, float& sin_angle) {
+    if constexpr (kDefaultAngleOnly)
+        scaled_sincos(rule, rope_angle_from_float(positions.of_axis_float(axis), rule.inv_freq[pair]), cos_angle,
+                      sin_angle);
+    else
+        rotation_factors(rule, positions.of_axis(axis), pair, cos_angle, sin_angle);
 }
 
 /// @brief Rotates pair @p pair of head row (b, h, s): reads its two features from
