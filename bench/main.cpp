@@ -163,14 +163,11 @@ private:
                 std::memset(copy_destination_.data(), 0, copy_destination_.bytes());  // Fault the pages in now.
         }
         auto call = [&](int64_t c) { backend.run(plans_[std::size_t(c % sets_)]); };
-        if (device_ == rope::Device::host)
-            return host_measure(call, {static_cast<char*>(inputs_.data()),
-                                       static_cast<char*>(copy_destination_.data()), set_bytes_, stride_, sets_},
-                                threads, options_.reps);
+        const Sets sets{inputs_.data(), copy_destination_.data(), set_bytes_, stride_, sets_};
+        if (device_ == rope::Device::host) return host_measure(call, sets, threads, options_.reps);
 #if ROPE_BENCH_CUDA
-        const DeviceSets device_sets{inputs_.data(), copy_destination_.data(), set_bytes_, stride_, sets_};
         return cuda_measure(call, options_.graph ? GpuClock::graph : GpuClock::events,
-                            options_.reps > 0 ? options_.reps : kDefaultGpuReps, device_sets, stream_->get());
+                            options_.reps > 0 ? options_.reps : kDefaultGpuReps, sets, stream_->get());
 #else
         rope::fail("device", "cuda", "rope-bench was built without CUDA timing");
 #endif

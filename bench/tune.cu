@@ -3,9 +3,9 @@
 // bytes, on the benchmark shapes. It is how the defaults in
 // cuda/optimized/backend.cu and unit_kernel.cuh were chosen; it is not a test.
 //
-//   rope-tune [--quick|--focus]  prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy
+//   rope-tune [--focus]  prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy
 //
-// --quick: one setting per variant. --focus: the large shapes only, the
+// --focus: the large shapes only, the
 // backend's variant (4 rows in flight, batched, default caching, 128 threads)
 // at 8 and 16 rows per thread in the memory order (RowOrder), with and
 // without a register cap, fp16 included. The full sweep forces both orders.
@@ -78,27 +78,24 @@ struct Measured {
     double us;
 };
 
-enum class Mode { full, quick, focus };
-
 const char* order_name(RowOrder order) {
     return order == RowOrder::heads ? "heads" : order == RowOrder::tokens ? "tokens" : "memory";
 }
 
-void run_case(const Case& c, DType dtype, Style style, Mode mode) {
-    const bool quick = mode == Mode::quick;
+void run_case(const Case& c, DType dtype, Style style, bool focus) {
     const int64_t element = dtype_size(dtype);
     const size_t q_bytes = size_t(c.batch * c.q_heads * c.seq * c.head_dim * element);
     const size_t k_bytes = size_t(c.batch * c.k_heads * c.seq * c.head_dim * element);
     // Sets of q then k, in one allocation, enough of them to exceed twice the L2:
     // every call reads from memory (rope-bench's layout, so its copy ceiling applies).
-    rope_bench::DeviceSets sets;
+    rope_bench::Sets sets;
     sets.set_bytes = q_bytes + k_bytes;
     sets.stride = rope_bench::set_stride(sets.set_bytes);
     sets.sets = rope_bench::sets_spanning_twice(sets.set_bytes, rope_bench::cuda_l2_bytes());
     Buffer source(Device::cuda, sets.stride * size_t(sets.sets));
     Buffer destination(Device::cuda, sets.stride * size_t(sets.sets));
-    sets.source = source.data();
-    sets.destination = destination.data();
+    sets.inputs = source.data();
+    sets.copy_destination = destination.data();
     {
         std::mt19937_64 rng(7);
         std::vector<uint16_t> host(source.bytes() / 2);
@@ -113,18 +110,18 @@ void run_case(const Case& c, DType dtype, Style style, Mode mode) {
     std::vector<Plan> plans;
     for (int64_t s = 0; s < sets.sets; ++s) {
         auto view = [&](Buffer& buffer, size_t offset, int64_t heads) {
-            return TensorView::contiguous(static_cast<uint8_t*>(buffer.data()) + size_t(s) * sets.stride + offset, dtype,
-                                          Device::cuda, c.layout, shape_of(c, heads));
+            return TensorView::contiguous(sets.at(buffer.data(), s) + offset, dtype, Device::cuda, c.layout,
+                                          shape_of(c, heads));
         };
-        RopeArgs args = c.in_place ? RopeArgs::in_place(view(source, 0, c.q_heads), view(source, q_bytes, c.k_heads))
-                                   : RopeArgs::out_of_place(view(source, 0, c.q_heads), view(source, q_bytes, c.k_heads),
-                                                            view(destination, 0, c.q_heads),
+        const TensorView q = view(source, 0, c.q_heads), k = view(source, q_bytes, c.k_heads);
+        RopeArgs args = c.in_place ? RopeArgs::in_place(q, k)
+                                   : RopeArgs::out_of_place(q, k, view(destination, 0, c.q_heads),
                                                             view(destination, q_bytes, c.k_heads));
         args.stream = stream.get();
         plans.push_back(make_plan(config, args, Device::cuda));
     }
 
-    const int reps = quick ? 5 : 9;
+    const int reps = 9;
     const rope_bench::GpuClock clock = c.small ? rope_bench::GpuClock::graph : rope_bench::GpuClock::events;
     auto time = [&](const rope_bench::Launch& launch) {
         return rope_bench::cuda_call_us(launch, clock, reps, sets.sets, stream.get());
@@ -151,10 +148,9 @@ void run_case(const Case& c, DType dtype, Style style, Mode mode) {
                             settings.row_order = order;
                             // Small shapes: few rows per thread; large: enough rows to share sincosf.
                             bool wanted = c.small ? (threads != 256 && rows <= 4) : (threads != 64 && rows >= 4);
-                            if (quick) wanted = wanted && rows == (c.small ? 2 : 16);
                             // Focus: the memory order (the backend's), measured best against the two forced ones.
                             const bool focus_setting = threads == 128 && (rows == 8 || rows == 16);
-                            if (mode == Mode::focus)
+                            if (focus)
                                 wanted = wanted && focus_setting && order == RowOrder::memory;
                             else
                                 wanted = wanted && order != RowOrder::memory;
@@ -175,7 +171,7 @@ void run_case(const Case& c, DType dtype, Style style, Mode mode) {
                     results.push_back({name, us});
                 }
             };
-            if (mode != Mode::focus) {
+            if (!focus) {
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 1>>("streaming");
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 2>>("streaming");
                 sweep.template operator()<Variant<StreamingAccess, 4, false, 1>>("streaming");
@@ -183,7 +179,7 @@ void run_case(const Case& c, DType dtype, Style style, Mode mode) {
                 sweep.template operator()<Variant<DefaultAccess, 2, true, 1>>("default");
             }
             sweep.template operator()<Variant<DefaultAccess, 4, false, 1>>("default");
-            if (mode == Mode::focus) {  // A register cap: 3 or 4 blocks of 256 threads per SM.
+            if (focus) {  // A register cap: 3 or 4 blocks of 256 threads per SM.
                 sweep.template operator()<Variant<DefaultAccess, 4, false, 3>>("default");
                 sweep.template operator()<Variant<DefaultAccess, 4, false, 4>>("default");
             }
@@ -202,10 +198,7 @@ void run_case(const Case& c, DType dtype, Style style, Mode mode) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const Mode mode = argc < 2                                ? Mode::full
-                      : std::strcmp(argv[1], "--quick") == 0 ? Mode::quick
-                      : std::strcmp(argv[1], "--focus") == 0 ? Mode::focus
-                                                             : Mode::full;
+    const bool focus = argc > 1 && std::strcmp(argv[1], "--focus") == 0;
     const std::string reason = cuda_unavailable_reason();
     if (!reason.empty()) {
         std::printf("rope-tune: skipped: %s\n", reason.c_str());
@@ -217,14 +210,14 @@ int main(int argc, char** argv) {
         for (const Case& c : kCases)
             for (DType dtype : {DType::f32, DType::bf16, DType::f16})
                 for (Style style : {Style::half_split, Style::interleaved}) {
-                    if (c.small && mode == Mode::focus) continue;
-                    const bool fp16_case = mode == Mode::focus && std::string(c.name) == "8x32x4096x128";
+                    if (c.small && focus) continue;
+                    const bool fp16_case = focus && std::string(c.name) == "8x32x4096x128";
                     if (dtype == DType::f16 && !fp16_case) continue;
                     // Interleaved rows have the half-split access pattern (vector_layout.hpp):
                     // one case of them suffices. The Llama shape's goal is bf16.
                     if (style == Style::interleaved && (c.layout != Layout::bhsd || !c.in_place || c.small)) continue;
                     if (std::string(c.name) == "llama3-8b-prefill" && dtype != DType::bf16) continue;
-                    run_case(c, dtype, style, mode);
+                    run_case(c, dtype, style, focus);
                 }
     } catch (const std::exception& error) {
         std::printf("rope-tune: error: %s\n", error.what());

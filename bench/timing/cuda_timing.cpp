@@ -106,8 +106,6 @@ CudaStream::CudaStream() {
 
 CudaStream::~CudaStream() { cudaStreamDestroy(as_stream(stream_)); }
 
-const char* gpu_clock_name(GpuClock clock) { return clock == GpuClock::events ? "events" : "graph"; }
-
 double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets, void* stream) {
     const cudaStream_t s = as_stream(stream);
     // Warm-up: every set once (module loading, clocks, first touch; and lazy
@@ -140,31 +138,26 @@ double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets
     return median_per_call_us(reps, per_graph, [&] { return events.time_ms(replay); });
 }
 
-Ceiling cuda_copy_ceiling(const DeviceSets& sets, int reps) {
+Ceiling cuda_copy_ceiling(const Sets& sets, int reps) {
     CudaStream stream;  // Of its own: graph capture needs one, whatever stream the caller uses.
-    auto source = [&](int64_t call) {
-        return static_cast<const char*>(sets.source) + std::size_t(call % sets.sets) * sets.stride;
-    };
-    auto destination = [&](int64_t call) {
-        return static_cast<char*>(sets.destination) + std::size_t(call % sets.sets) * sets.stride;
-    };
     const Launch memcpy_call = [&](int64_t call) {
-        check(cudaMemcpyAsync(destination(call), source(call), sets.set_bytes, cudaMemcpyDeviceToDevice,
-                              as_stream(stream.get())),
+        check(cudaMemcpyAsync(sets.at(sets.copy_destination, call), sets.at(sets.inputs, call), sets.set_bytes,
+                              cudaMemcpyDeviceToDevice, as_stream(stream.get())),
               "cudaMemcpyAsync");
     };
     const Launch copy16_call = [&](int64_t call) {
-        cuda_copy16_async(destination(call), source(call), sets.set_bytes, stream.get());
+        cuda_copy16_async(sets.at(sets.copy_destination, call), sets.at(sets.inputs, call), sets.set_bytes,
+                          stream.get());
     };
-    std::vector<CeilingCandidate> candidates;
+    std::vector<CeilingCandidate> candidates;  // The clock named as the CSVs' timing column names it.
     for (const auto& [name, launch] : {std::pair{"memcpy", &memcpy_call}, std::pair{"copy16", &copy16_call}})
         for (GpuClock clock : {GpuClock::events, GpuClock::graph})
-            candidates.push_back({std::string(name) + "-" + gpu_clock_name(clock),
+            candidates.push_back({std::string(name) + (clock == GpuClock::events ? "-events" : "-graph"),
                                   cuda_call_us(*launch, clock, reps, sets.sets, stream.get())});
     return fastest(std::move(candidates));
 }
 
-Measurement cuda_measure(const Launch& launch, GpuClock clock, int reps, const DeviceSets& sets, void* stream) {
+Measurement cuda_measure(const Launch& launch, GpuClock clock, int reps, const Sets& sets, void* stream) {
     Measurement measurement;
     measurement.reps = reps;
     measurement.call_us = cuda_call_us(launch, clock, reps, sets.sets, stream);

@@ -63,9 +63,6 @@ enum class GpuClock {
     graph,
 };
 
-/// @brief "events" or "graph", as the CSVs' timing column says it.
-const char* gpu_clock_name(GpuClock clock);
-
 /// @brief Median microseconds per call of @p launch.
 ///
 /// Warms up with one call on every set, then picks the calls per repetition so
@@ -76,25 +73,16 @@ const char* gpu_clock_name(GpuClock clock);
 /// @param stream where @p launch issues its work (GpuClock::graph: not the legacy default stream).
 double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets, void* stream);
 
-/// @brief Where the sets live on the GPU, for the copy ceiling.
-struct DeviceSets {
-    const void* source = nullptr;  ///< Set s starts at source + s * stride (the calls' q and k).
-    void* destination = nullptr;   ///< Where the ceiling copies set s to (same stride).
-    std::size_t set_bytes = 0;     ///< Bytes of one set.
-    std::size_t stride = 0;        ///< Bytes from one set to the next (set_stride(set_bytes): 256-byte aligned).
-    int64_t sets = 1;              ///< Sets, spanning twice the L2.
-};
-
-/// @brief The copy ceiling: set_bytes copied from source to destination, set by set.
+/// @brief The copy ceiling: set_bytes copied from inputs to copy_destination, set by set.
 ///
 /// Candidates, each timed as cuda_call_us times calls (on a stream of its own):
 /// "memcpy-events", "memcpy-graph" (cudaMemcpyAsync device to device),
 /// "copy16-events", "copy16-graph" (cuda_copy16_async). The fastest is the ceiling.
-Ceiling cuda_copy_ceiling(const DeviceSets& sets, int reps);
+Ceiling cuda_copy_ceiling(const Sets& sets, int reps);
 
 /// @brief One GPU run: @p launch timed with @p clock, then its copy ceiling on the same sets.
 /// @param reps repetitions, for the calls and for each ceiling candidate.
-Measurement cuda_measure(const Launch& launch, GpuClock clock, int reps, const DeviceSets& sets, void* stream);
+Measurement cuda_measure(const Launch& launch, GpuClock clock, int reps, const Sets& sets, void* stream);
 
 /// @brief Enqueues the ceiling's copy kernel: @p bytes from @p source to @p destination with
 /// 16-byte loads and stores (both must be 16-byte aligned), as the fastest RoPE kernels move

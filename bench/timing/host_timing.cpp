@@ -124,33 +124,22 @@ void in_parallel_shares([[maybe_unused]] int threads, std::size_t bytes, Body&& 
 // Zero at run time; volatile, so the compiler cannot prove the XOR does nothing.
 volatile uint64_t g_read_modify_write_mask = 0;
 
-}  // namespace
-
+// Microseconds that work(call) takes, on std::chrono::steady_clock.
 double host_us(const std::function<void(int64_t)>& work, int64_t call) {
     const auto start = std::chrono::steady_clock::now();
     work(call);
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
 }
 
-CacheSize host_last_level_cache() {
-    constexpr std::size_t kSysfsCap = 1024 * kMiB;  // Sets spanning twice this already take 2 GiB, and their copy as much.
-    if (CacheSize cache = cache_from_sysfs(); cache.bytes > 0) {
-        if (cache.bytes > kSysfsCap) {
-            cache.bytes = kSysfsCap;
-            cache.source += ", capped at 1 GiB";
-        }
-        return cache;
-    }
-    if (CacheSize cache = cache_from_sysconf(); cache.bytes > 0) return cache;
-    return {32 * kMiB, "assumed 32 MiB (neither sysfs nor sysconf reports a cache)"};
-}
-
+// Copies `bytes` from `from` to `to`, each of `threads` threads a share.
 void parallel_memcpy(void* to, const void* from, std::size_t bytes, int threads) {
     in_parallel_shares(threads, bytes, [&](std::size_t begin, std::size_t end) {
         std::memcpy(static_cast<char*>(to) + begin, static_cast<const char*>(from) + begin, end - begin);
     });
 }
 
+// Loads and stores back every 8-byte word of `data` (8-byte aligned), XORed with the mask: the data is
+// unchanged. Each of `threads` threads takes a share.
 void parallel_read_modify_write(void* data, std::size_t bytes, int threads) {
     const uint64_t mask = g_read_modify_write_mask;
     unsigned char* const base = static_cast<unsigned char*>(data);
@@ -180,13 +169,27 @@ void parallel_read_modify_write(void* data, std::size_t bytes, int threads) {
     });
 }
 
-Measurement host_measure(const std::function<void(int64_t)>& call, const HostSets& sets, int threads, int reps) {
-    auto set = [&](char* base, int64_t index) { return base + std::size_t(index % sets.sets) * sets.stride; };
+}  // namespace
+
+CacheSize host_last_level_cache() {
+    constexpr std::size_t kSysfsCap = 1024 * kMiB;  // Sets spanning twice this take 2 GiB, and their copy as much.
+    if (CacheSize cache = cache_from_sysfs(); cache.bytes > 0) {
+        if (cache.bytes > kSysfsCap) {
+            cache.bytes = kSysfsCap;
+            cache.source += ", capped at 1 GiB";
+        }
+        return cache;
+    }
+    if (CacheSize cache = cache_from_sysconf(); cache.bytes > 0) return cache;
+    return {32 * kMiB, "assumed 32 MiB (neither sysfs nor sysconf reports a cache)"};
+}
+
+Measurement host_measure(const std::function<void(int64_t)>& call, const Sets& sets, int threads, int reps) {
     auto memcpy_pass = [&](int64_t s) {
-        parallel_memcpy(set(sets.copy_destination, s), set(sets.inputs, s), sets.set_bytes, threads);
+        parallel_memcpy(sets.at(sets.copy_destination, s), sets.at(sets.inputs, s), sets.set_bytes, threads);
     };
     auto read_modify_write_pass = [&](int64_t s) {
-        parallel_read_modify_write(set(sets.inputs, s), sets.set_bytes, threads);
+        parallel_read_modify_write(sets.at(sets.inputs, s), sets.set_bytes, threads);
     };
     // The three passes take the sets in turn (repetition r: the call set 3r, the memcpy
     // set 3r + 1, the read-modify-write set 3r + 2): whatever a pass reads was last

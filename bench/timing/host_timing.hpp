@@ -21,9 +21,6 @@
 
 namespace rope_bench {
 
-/// @brief Microseconds that @p work(@p call) takes, on std::chrono::steady_clock.
-double host_us(const std::function<void(int64_t call)>& work, int64_t call);
-
 /// @brief A cache size and where the figure came from (printed with every table).
 struct CacheSize {
     std::size_t bytes = 0;  ///< Bytes the rotating sets must exceed twice.
@@ -44,25 +41,9 @@ struct CacheSize {
 /// assumed where neither says anything. The source says which one applied.
 CacheSize host_last_level_cache();
 
-/// @brief Copies @p bytes from @p from to @p to, each of @p threads OpenMP threads a share.
-void parallel_memcpy(void* to, const void* from, std::size_t bytes, int threads);
-
-/// @brief Loads and stores back every 8-byte word of @p data (XOR with a mask the compiler
-/// cannot see, zero at run time: the data is unchanged), each of @p threads OpenMP threads
-/// a share, walked as four stretches side by side, 512 bytes of each in turn (four streams
-/// of memory per thread, as cpu-eigen keeps). @p data must be 8-byte aligned.
-void parallel_read_modify_write(void* data, std::size_t bytes, int threads);
-
-/// @brief Where the sets live for a host measurement.
-struct HostSets {
-    char* inputs = nullptr;            ///< Set s starts at inputs + s * stride (the calls' q and k).
-    char* copy_destination = nullptr;  ///< Where the memcpy ceiling writes set s (same stride).
-    std::size_t set_bytes = 0;         ///< Bytes of one set (q and k).
-    std::size_t stride = 0;            ///< Bytes from one set to the next (set_stride(set_bytes)).
-    int64_t sets = 1;                  ///< Sets, spanning twice the last-level cache.
-};
-
-/// @brief One host run of @p call against its ceiling.
+/// @brief One host run of @p call against its ceiling: a memcpy of each set to
+/// copy_destination and a read-modify-write pass over it in place, each with @p threads
+/// OpenMP threads.
 ///
 /// Warm-up: every set once (first touch, thread start-up, code caches). Then each
 /// repetition times one call, one memcpy and one read-modify-write pass of a set,
@@ -74,7 +55,6 @@ struct HostSets {
 /// so none finds in cache what another just used. Reported: the median of each.
 /// @param call issues a call of the backend on set c % sets.
 /// @param reps timed repetitions; 0: about one second of calls (15 to 2000).
-Measurement host_measure(const std::function<void(int64_t call)>& call, const HostSets& sets, int threads,
-                         int reps);
+Measurement host_measure(const std::function<void(int64_t call)>& call, const Sets& sets, int threads, int reps);
 
 }  // namespace rope_bench

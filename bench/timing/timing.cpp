@@ -23,13 +23,9 @@ std::string Ceiling::describe() const {
 }
 
 Ceiling fastest(std::vector<CeilingCandidate> candidates) {
-    Ceiling ceiling;
     const auto best = std::min_element(candidates.begin(), candidates.end(),
-                                       [](const CeilingCandidate& a, const CeilingCandidate& b) { return a.us < b.us; });
-    ceiling.us = best->us;
-    ceiling.name = best->name;
-    ceiling.candidates = std::move(candidates);
-    return ceiling;
+                                       [](const auto& a, const auto& b) { return a.us < b.us; });
+    return {best->us, best->name, std::move(candidates)};
 }
 
 Summary summarize(const std::vector<Measurement>& runs) {

@@ -77,4 +77,16 @@ int64_t sets_spanning_twice(std::size_t set_bytes, std::size_t cache_bytes);
 /// set is aligned for 16-byte (and wider) accesses, as a fresh allocation would be.
 std::size_t set_stride(std::size_t set_bytes);
 
+/// @brief Where the sets live, in host or device memory: what the calls read and what the
+/// copy ceiling copies.
+struct Sets {
+    void* inputs = nullptr;            ///< Set s starts at inputs + s * stride (the calls' q and k).
+    void* copy_destination = nullptr;  ///< Where the ceiling copies set s to (same stride).
+    std::size_t set_bytes = 0;         ///< Bytes of one set (q and k).
+    std::size_t stride = 0;            ///< Bytes from one set to the next (set_stride(set_bytes)).
+    int64_t sets = 1;                  ///< Sets, spanning twice the last-level cache or the L2.
+    /// @brief Where set @p index % sets starts in @p base (inputs or copy_destination).
+    char* at(void* base, int64_t index) const { return static_cast<char*>(base) + std::size_t(index % sets) * stride; }
+};
+
 }  // namespace rope_bench
