@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks that every recorded figure comes from the committed CSVs (standard library only).
 
-  check_results.py rendered      README.md's measured table and bench/results/*.md are what
-                                 scripts/render-results renders from bench/results/*.csv
+  check_results.py rendered      README.md's measured table, bench/results/*.md and chapter 4's
+                                 ladder table are what scripts/render-results renders from the CSVs
   check_results.py selftest      the check above fails when it should: on a copy of the
                                  tree, a README figure edited by hand, a CSV value changed
                                  without re-rendering, and a CSV that no page renders
@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNED = ["scripts/render-results", "README.md", "bench/results", "docs/benchmarks.md.in"]
+OWNED = ["scripts/render-results", "README.md", "bench/results", "docs/benchmarks.md.in",
+         "tutorials/04_optimized_cuda/chapter.md", "tutorials/figures/data/ladder_h200.csv"]
 
 
 def run_check(root):
@@ -65,6 +66,8 @@ def selftest():
             root / "bench/results/h200-rope-bench.csv", "pct_of_copy"),
         "a CSV no page renders": lambda root: (root / "bench/results/orphan.csv").write_text("backend\nx\n"),
         "a results page written by hand": lambda root: (root / "bench/results/notes.md").write_text("# notes\n"),
+        "chapter 4's ladder table edited by hand": lambda root: replace_once(
+            root / "tutorials/04_optimized_cuda/chapter.md", "% |", "0% |"),
     }
     for name, fault in faults.items():
         with tempfile.TemporaryDirectory() as work:
