@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -423,4 +424,35 @@ TEST_CASE("the float64 oracle refuses scaling types it does not implement") {
     const rope::RopeConfig config = config_of(rope::ScalingType::yarn);
     auto call = testing::make_call(config, rope::DType::f32, rope::Layout::bhsd, {1, 1, 2, 64}, {1, 1, 2, 64});
     CHECK_THROWS(oracle::rotate(config, call.q.view, call.positions(), rope::Direction::forward));
+}
+
+TEST_CASE("a frequency table built once per configuration gives make_plan's own table, for every scaling type") {
+    for (const rope::ScalingType type : {rope::ScalingType::none, rope::ScalingType::linear, rope::ScalingType::dynamic,
+                                         rope::ScalingType::yarn, rope::ScalingType::llama3,
+                                         rope::ScalingType::longrope}) {
+        CAPTURE(rope::scaling_type_name(type));
+        const rope::RopeConfig config = config_of(type);
+        const std::optional<rope::FrequencyTable> shared = rope::detail::reusable_frequency_table(config);
+        // Dynamic and longrope read the call's largest position: their table cannot be shared.
+        const bool length_dependent = type == rope::ScalingType::dynamic || type == rope::ScalingType::longrope;
+        CHECK(shared.has_value() == !length_dependent);
+        // A shared table handed to make_plan for one of those is ignored, not used.
+        const rope::FrequencyTable stale = rope::make_frequency_table(config, 1);
+        const rope::FrequencyTable* given = shared ? &*shared : &stale;
+        for (const int64_t offset : {0, 252, 4000}) {  // Within and past the original context (256).
+            CAPTURE(offset);
+            auto call = testing::make_call(config, rope::DType::f32, rope::Layout::bhsd, {1, 2, 4, 64}, {1, 2, 4, 64});
+            call.offset = offset;
+            const rope::RopeArgs args = rope::RopeArgs::out_of_place(call.q.view, call.k.view, call.q_out.view,
+                                                                     call.k_out.view, call.positions());
+            const rope::Plan own = rope::make_plan(config, args, rope::Device::host);
+            const rope::Plan reused = rope::make_plan(config, args, rope::Device::host, given);
+            CHECK(reused.angles.inv_freq == own.angles.inv_freq);
+            CHECK(reused.angles.inv_freq_low == own.angles.inv_freq_low);
+            CHECK(reused.angles.pair_axis == own.angles.pair_axis);
+            CHECK(reused.angles.cos_scale == own.angles.cos_scale);
+            CHECK(reused.angles.sin_scale == own.angles.sin_scale);
+            CHECK_FALSE(reused.pointers_verified);  // Only the PyTorch operator sets it.
+        }
+    }
 }

@@ -39,37 +39,39 @@ bool addressable(const TensorView& view) {
 }
 
 // Checks one view on its own: sizes, strides, pointer, device, dtype.
-void check_view(const std::string& name, const TensorView& view, DType dtype, Device device) {
+void check_view(std::string_view name, const TensorView& view, DType dtype, Device device) {
     // Names are built only for a failure: this runs on every call, where allocating them would cost more than the checks.
     for (int axis = 0; axis < 4; ++axis) {
         if (view.shape[axis] < 0)
-            fail(name + ".shape[" + std::to_string(axis) + "]", view.shape[axis], "sizes must be >= 0");
+            fail(std::string(name) + ".shape[" + std::to_string(axis) + "]", view.shape[axis], "sizes must be >= 0");
         if (view.strides[axis] < 0)
-            fail(name + ".strides[" + std::to_string(axis) + "]", view.strides[axis], "strides must be >= 0");
+            fail(std::string(name) + ".strides[" + std::to_string(axis) + "]", view.strides[axis],
+                 "strides must be >= 0");
     }
     if (view.layout == Layout::thd && view.shape[3] != 1)
-        fail(name + ".shape[3]", view.shape[3], "must be 1 for a thd view ([total_tokens, heads, head_dim])");
+        fail(std::string(name) + ".shape[3]", view.shape[3],
+             "must be 1 for a thd view ([total_tokens, heads, head_dim])");
     if (!addressable(view))
-        fail(name + ".shape", shape_text(view.shape),
+        fail(std::string(name) + ".shape", shape_text(view.shape),
              "with strides " + shape_text(view.strides) + ": its element count or offsets overflow 64 bits");
     if (view.numel() == 0) return;  // An empty view may have any pointer, device or dtype.
-    if (view.data == nullptr) fail(name + ".data", "null", "a non-empty tensor needs memory");
+    if (view.data == nullptr) fail(std::string(name) + ".data", "null", "a non-empty tensor needs memory");
     // Backends read elements as their type: a pointer between elements is undefined behaviour.
     if (reinterpret_cast<uintptr_t>(view.data) % uintptr_t(dtype_size(view.dtype)) != 0)
-        fail(name + ".data", view.data,
+        fail(std::string(name) + ".data", view.data,
              "must be aligned to " + std::to_string(dtype_size(view.dtype)) + " bytes (the size of a " +
                  std::string(dtype_name(view.dtype)) + " element)");
     if (view.device != device)
-        fail(name + ".device", device_name(view.device),
+        fail(std::string(name) + ".device", device_name(view.device),
              "this backend runs on " + std::string(device_name(device)));
     if (view.dtype != dtype)
-        fail(name + ".dtype", dtype_name(view.dtype),
+        fail(std::string(name) + ".dtype", dtype_name(view.dtype),
              "all tensors must share q's dtype " + std::string(dtype_name(dtype)));
 }
 
 // Outputs must address every element once: a stride pattern that maps two
 // elements to one address would make the result depend on write order.
-void check_no_self_overlap(const std::string& name, const TensorView& view) {
+void check_no_self_overlap(std::string_view name, const TensorView& view) {
     if (view.numel() == 0) return;
     std::array<int, 4> order{0, 1, 2, 3};
     std::sort(order.begin(), order.end(),
@@ -78,8 +80,8 @@ void check_no_self_overlap(const std::string& name, const TensorView& view) {
     for (int axis : order) {
         if (view.shape[axis] == 1) continue;
         if (view.strides[axis] < reach)
-            fail(name + ".strides[" + std::to_string(axis) + "]", view.strides[axis],
-                 "overlaps other elements of " + name + " (strides " + shape_text(view.strides) +
+            fail(std::string(name) + ".strides[" + std::to_string(axis) + "]", view.strides[axis],
+                 "overlaps other elements of " + std::string(name) + " (strides " + shape_text(view.strides) +
                      " for shape " + shape_text(view.shape) + ")");
         reach = view.strides[axis] * view.shape[axis];
     }
@@ -157,7 +159,7 @@ void check_aliasing(const RopeArgs& args) {
     }
 }
 
-void check_same_sizes(const std::string& name, const Geometry& got, const std::string& reference_name,
+void check_same_sizes(std::string_view name, const Geometry& got, std::string_view reference_name,
                       const Geometry& reference, bool compare_heads) {
     const std::array<std::pair<const char*, std::pair<int64_t, int64_t>>, 4> sizes{{
         {"batch", {got.batch, reference.batch}},
@@ -166,10 +168,10 @@ void check_same_sizes(const std::string& name, const Geometry& got, const std::s
         {"heads", {got.heads, reference.heads}},
     }};
     for (const auto& [what, values] : sizes) {
-        if (!compare_heads && std::string(what) == "heads") continue;
+        if (!compare_heads && std::string_view(what) == "heads") continue;
         if (values.first != values.second)
-            fail(name + " " + what, values.first,
-                 "must equal " + reference_name + " " + what + " = " + std::to_string(values.second));
+            fail(std::string(name) + " " + what, values.first,
+                 "must equal " + std::string(reference_name) + " " + what + " = " + std::to_string(values.second));
     }
 }
 
@@ -369,7 +371,7 @@ void check_angles(const FrequencyTable& frequencies, const RopeConfig& config, i
 
 }  // namespace
 
-Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device) {
+Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device, const FrequencyTable* frequencies) {
     validate(config);
     const DType dtype = args.q.dtype;
     check_view("q", args.q, dtype, device);
@@ -412,18 +414,35 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device) {
     // (for a huge head_dim the frequency table alone would take gigabytes).
     if (plan.empty()) return plan;
 
-    FrequencyTable frequencies = detail::build_frequency_table(config, facts.max_position);
-    check_angles(frequencies, config, facts.largest, table.data != nullptr);
-    plan.angles.inv_freq = std::move(frequencies.inv_freq);
-    plan.angles.inv_freq_low = std::move(frequencies.inv_freq_low);
-    plan.angles.pair_axis = std::move(frequencies.pair_axis);
+    // The frequencies: the caller's table of this configuration, shared by all its calls
+    // (a pow per pair saved), or computed for this call (the only way for length-dependent
+    // scaling, whose table depends on the call's largest position).
+    FrequencyTable built;
+    if (frequencies == nullptr || length_dependent(config.scaling.type)) {
+        built = detail::build_frequency_table(config, facts.max_position);
+        frequencies = &built;
+    }
+    check_angles(*frequencies, config, facts.largest, table.data != nullptr);
+    plan.angles.inv_freq = frequencies->inv_freq;
+    plan.angles.inv_freq_low = frequencies->inv_freq_low;
+    plan.angles.pair_axis = frequencies->pair_axis;
     plan.angles.precise = config.precise_angles;
     plan.angles.table = table;
     // A caller's table already holds any attention factor; the inverse negates sin either way.
-    const float scale = table.data != nullptr ? 1.0f : frequencies.attention_factor;
+    const float scale = table.data != nullptr ? 1.0f : frequencies->attention_factor;
     plan.angles.cos_scale = scale;
     plan.angles.sin_scale = (args.direction == Direction::forward ? 1.0f : -1.0f) * scale;
     return plan;
 }
+
+namespace detail {
+
+std::optional<FrequencyTable> reusable_frequency_table(const RopeConfig& config) {
+    validate(config);
+    if (length_dependent(config.scaling.type)) return std::nullopt;
+    return build_frequency_table(config, 0);  // Any max_position: the table does not read it.
+}
+
+}  // namespace detail
 
 }  // namespace rope

@@ -87,11 +87,14 @@ void check_supported(const Backend& backend, const Plan& plan) {
              backend.name() + " accepts rotary_dim <= " + std::to_string(limits.max_rotary_dim));
 }
 
-void apply(Backend& backend, const RopeConfig& config, const RopeArgs& args) {
-    const Plan plan = make_plan(config, args, backend.device());
+void detail::run_plan(Backend& backend, const Plan& plan) {
     check_supported(backend, plan);
     if (plan.empty()) return;  // An empty tensor is a valid no-op.
     backend.run(plan);
+}
+
+void apply(Backend& backend, const RopeConfig& config, const RopeArgs& args) {
+    detail::run_plan(backend, make_plan(config, args, backend.device()));
 }
 
 }  // namespace rope

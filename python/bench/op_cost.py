@@ -10,6 +10,11 @@ Rows (fp32, neox, in place, k with 32 heads as rope-bench's default, positions 0
   torch.ops.rope.apply_ the registered operator: PyTorch's C++ dispatcher, then rope's C++
                         kernel (python/torch_ops/); its status says so, or that the
                         library was not loaded and the Python custom_op was timed instead
+  torch.ops.aten.copy_  PyTorch's own in-place operator called the same way (q.copy_(k) through
+                        torch.ops.aten.copy_.default: the same Python binding, dispatcher and
+                        dispatch keys, one small kernel launch): the floor PyTorch sets for any
+                        operator called like torch.ops.rope.apply_ (q's values are overwritten,
+                        which the timing of the other rows does not depend on)
   rope.apply            the generic DLPack entry point (NumPy/CuPy/PyTorch alike)
   rope.ops.rope         the functional, differentiable operator (allocates its outputs)
 each with events timing (back-to-back calls: includes the host's cost per call
@@ -40,6 +45,7 @@ def python_rows(dtype):
         "rope.ops.rope_": lambda i: ops.rope_(sets.q[i], sets.k[i], config, positions=0),
         "torch.ops.rope.apply_": lambda i: torch.ops.rope.apply_(sets.q[i], sets.k[i], key, 0, None, None, None,
                                                                  1, 0, None, "bhsd", False, "cuda-optimized", 0),
+        "torch.ops.aten.copy_": lambda i: torch.ops.aten.copy_.default(sets.q[i], sets.k[i]),
         "rope.apply": lambda i: rope.apply(sets.q[i], sets.k[i], config, positions=0),
         "rope.ops.rope": lambda i: ops.rope(sets.q[i], sets.k[i], config, positions=0),
         "copy (ceiling)": sets.copy,

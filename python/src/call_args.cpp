@@ -36,19 +36,20 @@ std::string_view default_backend(rope::Device device) {
 
 // Every CUDA array of one call must be on one device: the first one met names it.
 struct CallDevice {
-    std::string first_name;
+    std::string_view first_name;  // The callers' names are string literals.
     int cuda_device = -1;
-    void add(const std::string& name, const Placement& placement) {
+    void add(std::string_view name, const Placement& placement) {
         if (placement.device != rope::Device::cuda) return;
         if (cuda_device < 0) {
             cuda_device = placement.cuda_device;
             first_name = name;
         } else if (placement.cuda_device != cuda_device) {
-            rope::fail(name + ".device", "cuda:" + std::to_string(placement.cuda_device),
-                       "must be on the CUDA device of " + first_name + " (cuda:" + std::to_string(cuda_device) + ")");
+            rope::fail(std::string(name) + ".device", "cuda:" + std::to_string(placement.cuda_device),
+                       "must be on the CUDA device of " + std::string(first_name) + " (cuda:" +
+                           std::to_string(cuda_device) + ")");
         }
     }
-    void add(const std::string& name, const Array& array) {
+    void add(std::string_view name, const Array& array) {
         add(name, placement_of(name, array.device_type, array.device_id));
     }
 };
@@ -104,7 +105,7 @@ rope::Positions positions_of(const rope::RopeConfig& config, const CallArrays& a
 
 }  // namespace
 
-Placement placement_of(const std::string& name, int device_type, int device_id) {
+Placement placement_of(std::string_view name, int device_type, int device_id) {
     switch (device_type) {
         case dlpack::cpu:
         case dlpack::cuda_host: return {rope::Device::host, -1};
@@ -112,23 +113,23 @@ Placement placement_of(const std::string& name, int device_type, int device_id) 
         case dlpack::cuda_managed: return {rope::Device::cuda, device_id};
         default: break;
     }
-    rope::fail(name + ".device", "DLPack device type " + std::to_string(device_type),
+    rope::fail(std::string(name) + ".device", "DLPack device type " + std::to_string(device_type),
                "rope runs on the host (CPU) or on CUDA devices");
 }
 
-rope::DType storage_type(const std::string& name, ElementType dtype, bool bfloat16_bits) {
+rope::DType storage_type(std::string_view name, ElementType dtype, bool bfloat16_bits) {
     using dlpack::Code;
     if (is(dtype, Code::Float, 32)) return rope::DType::f32;
     if (is(dtype, Code::Float, 16)) return rope::DType::f16;
     if (is(dtype, Code::Bfloat, 16)) return rope::DType::bf16;
     if (bfloat16_bits && is(dtype, Code::UInt, 16)) return rope::DType::bf16;
-    rope::fail(name + ".dtype", dtype_text(dtype), "must be float32, float16 or bfloat16");
+    rope::fail(std::string(name) + ".dtype", dtype_text(dtype), "must be float32, float16 or bfloat16");
 }
 
-rope::TensorView tensor_view(const std::string& name, const Array& array, rope::Layout layout, bool bfloat16_bits) {
+rope::TensorView tensor_view(std::string_view name, const Array& array, rope::Layout layout, bool bfloat16_bits) {
     const size_t ndim = layout == rope::Layout::thd ? 3 : 4;
     if (array.ndim != ndim)
-        rope::fail(name + ".ndim", array.ndim,
+        rope::fail(std::string(name) + ".ndim", array.ndim,
                    "must be " + std::to_string(ndim) + " for layout " + std::string(rope::layout_name(layout)) +
                        (ndim == 4 ? " (or pass layout=\"thd\" for packed [tokens, heads, head_dim])"
                                   : " ([total_tokens, heads, head_dim])"));
@@ -150,12 +151,12 @@ rope::TensorView tensor_view(const std::string& name, const Array& array, rope::
     return view;
 }
 
-IndexArray index_array(const std::string& name, const Array& array, int max_ndim) {
+IndexArray index_array(std::string_view name, const Array& array, int max_ndim) {
     if (!is(array.dtype, dlpack::Code::Int, 64))
-        rope::fail(name + ".dtype", dtype_text(array.dtype),
+        rope::fail(std::string(name) + ".dtype", dtype_text(array.dtype),
                    "must be int64 (e.g. tensor.long(), array.astype(np.int64))");
     if (array.ndim < 1 || int(array.ndim) > max_ndim)
-        rope::fail(name + ".ndim", array.ndim, "must be 1 to " + std::to_string(max_ndim));
+        rope::fail(std::string(name) + ".ndim", array.ndim, "must be 1 to " + std::to_string(max_ndim));
     IndexArray index;
     index.ndim = int(array.ndim);
     const bool empty = array.size() == 0;  // No element to address: any strides will do.
@@ -163,7 +164,7 @@ IndexArray index_array(const std::string& name, const Array& array, int max_ndim
     for (int axis = index.ndim - 1; axis >= 0; --axis) {
         index.shape[size_t(axis)] = array.shape[axis];
         if (!empty && array.shape[axis] > 1 && array.strides[axis] != expected_stride)
-            rope::fail(name + ".strides[" + std::to_string(axis) + "]", array.strides[axis],
+            rope::fail(std::string(name) + ".strides[" + std::to_string(axis) + "]", array.strides[axis],
                        "must be " + std::to_string(expected_stride) + ": ids must be contiguous (row-major)");
         expected_stride *= array.shape[axis];
     }
@@ -237,6 +238,12 @@ Call prepare_call(const rope::RopeConfig& config, const CallArrays& arrays, cons
 }
 
 rope::Backend& backend_named(std::string_view name) {
+    // This thread's last name and its backend: most programs call one backend throughout, and
+    // comparing a short name is cheaper than the lock and the map.
+    thread_local std::string last_name;
+    thread_local rope::Backend* last = nullptr;
+    if (last != nullptr && name == last_name) return *last;
+
     static std::mutex mutex;
     static std::map<std::string, std::unique_ptr<rope::Backend>, std::less<>> backends;
     std::lock_guard<std::mutex> lock(mutex);
@@ -246,7 +253,10 @@ rope::Backend& backend_named(std::string_view name) {
         std::unique_ptr<rope::Backend> backend = rope::make_backend(std::string(name));
         found = backends.emplace(std::string(name), std::move(backend)).first;
     }
-    return *found->second;
+    // No entry is ever erased: the backend outlives every thread's `last`.
+    last_name.assign(name);
+    last = found->second.get();
+    return *last;
 }
 
 }  // namespace rope_python

@@ -60,17 +60,17 @@ struct Placement {
 /// The rope device of a DLPack device type: CPU memory and CUDA pinned host
 /// memory are the host; CUDA and CUDA managed memory are cuda. Anything else
 /// (ROCm, Metal, ...) throws rope::Error naming @p name.
-Placement placement_of(const std::string& name, int device_type, int device_id);
+Placement placement_of(std::string_view name, int device_type, int device_id);
 
 /// The rope storage type of a DLPack dtype: float32, float16, bfloat16; a
 /// uint16 array counts as bfloat16 when @p bfloat16_bits is set (NumPy's
 /// ml_dtypes.bfloat16, which DLPack cannot describe, is passed as its bits).
-rope::DType storage_type(const std::string& name, ElementType dtype, bool bfloat16_bits);
+rope::DType storage_type(std::string_view name, ElementType dtype, bool bfloat16_bits);
 
 /// A q/k view of @p array in @p layout: 4-D for bhsd and bshd, 3-D for thd.
 /// Shape and strides are taken as they are (strides in elements, as DLPack
 /// gives them); rope::apply checks them (negative strides, overlapping outputs).
-rope::TensorView tensor_view(const std::string& name, const Array& array, rope::Layout layout, bool bfloat16_bits);
+rope::TensorView tensor_view(std::string_view name, const Array& array, rope::Layout layout, bool bfloat16_bits);
 
 /// A contiguous int64 array (position ids, cu_seqlens, starts): its pointer and shape.
 struct IndexArray {
@@ -81,7 +81,7 @@ struct IndexArray {
 };
 
 /// An int64, row-major array of 1 to @p max_ndim dimensions, or throws rope::Error.
-IndexArray index_array(const std::string& name, const Array& array, int max_ndim);
+IndexArray index_array(std::string_view name, const Array& array, int max_ndim);
 
 /// A [rows, rotary_dim] table in vLLM's cos_sin_cache layout; rows may be padded.
 rope::CosSinCache cos_sin_cache(const Array& array, Placement& placement);

@@ -33,14 +33,15 @@ namespace {
 
 // The DLPack description of a tensor (PyTorch's own mapping of its dtypes),
 // which call_args checks as it checks rope.apply's arrays.
-rope_python::Array array_of(const std::string& name, const at::Tensor& tensor, bool written) {
+rope_python::Array array_of(const char* name, const at::Tensor& tensor, bool written) {
     rope_python::Array array;
     array.data = written ? tensor.mutable_data_ptr() : const_cast<void*>(tensor.const_data_ptr());
     DLDataType dtype{};
     try {
         dtype = at::getDLDataType(tensor);
     } catch (const c10::Error&) {
-        rope::fail(name + ".dtype", std::string(c10::toString(tensor.scalar_type())), "has no DLPack type");
+        rope::fail(std::string(name) + ".dtype", std::string(c10::toString(tensor.scalar_type())),
+                   "has no DLPack type");
     }
     array.dtype = {dtype.code, dtype.bits, dtype.lanes};
     const c10::Device device = tensor.device();
@@ -50,7 +51,7 @@ rope_python::Array array_of(const std::string& name, const at::Tensor& tensor, b
         array.device_type = rope_python::dlpack::cuda;
         array.device_id = device.index();
     } else {
-        rope::fail(name + ".device", device.str(), "rope runs on the host (CPU) or on CUDA devices");
+        rope::fail(std::string(name) + ".device", device.str(), "rope runs on the host (CPU) or on CUDA devices");
     }
     array.ndim = size_t(tensor.dim());
     array.shape = tensor.sizes().data();
@@ -58,7 +59,7 @@ rope_python::Array array_of(const std::string& name, const at::Tensor& tensor, b
     return array;
 }
 
-void run_host(const rope::RopeConfig& config, rope_python::Call& call) { rope::apply(*call.backend, config, call.args); }
+void run_host(const KeyedConfig& keyed, rope_python::Call& call) { run_plan(keyed, call, false); }
 
 // --- Autograd and ADInplaceOrView: what custom_op registered for the Python operator ------
 // Not differentiable (rope::apply, the functional operator, is): below autograd, as custom_op's
@@ -83,14 +84,35 @@ void bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
 
 }  // namespace
 
-const rope::RopeConfig& config_for_key(std::string_view key) {
+const KeyedConfig& config_for_key(std::string_view key) {
+    // This thread's last key and its entry: a model passes one key (or a few) on every call, and
+    // comparing it (a memcmp of some 200 bytes; PyTorch hands each call a fresh copy of the string,
+    // so its address says nothing) is cheaper than the lock and the map.
+    thread_local std::string last_key;
+    thread_local const KeyedConfig* last = nullptr;
+    if (last != nullptr && key == last_key) return *last;
+
     static std::mutex mutex;
-    // One entry per distinct configuration (a model has one or a few); std::map's nodes never move.
-    static std::map<std::string, rope::RopeConfig, std::less<>> configs;
+    // One entry per distinct configuration (a model has one or a few); std::map's nodes never move
+    // and no entry is ever erased, so `last` stays valid.
+    static std::map<std::string, KeyedConfig, std::less<>> configs;
     std::lock_guard<std::mutex> lock(mutex);
     auto found = configs.find(key);
-    if (found == configs.end()) found = configs.emplace(std::string(key), rope_python::config_from_key(key)).first;
-    return found->second;
+    if (found == configs.end()) {
+        KeyedConfig keyed{rope_python::config_from_key(key), std::nullopt};  // Throws for a bad key: nothing stored.
+        keyed.frequencies = rope::detail::reusable_frequency_table(keyed.config);
+        found = configs.emplace(std::string(key), std::move(keyed)).first;
+    }
+    last_key.assign(key);
+    last = &found->second;
+    return *last;
+}
+
+void run_plan(const KeyedConfig& keyed, const rope_python::Call& call, bool pointers_verified) {
+    rope::Plan plan = rope::make_plan(keyed.config, call.args, call.backend->device(),
+                                      keyed.frequencies ? &*keyed.frequencies : nullptr);
+    plan.pointers_verified = pointers_verified;
+    rope::detail::run_plan(*call.backend, plan);
 }
 
 rope_python::Call prepare(const rope::RopeConfig& config, const at::Tensor& q, const std::optional<at::Tensor>& k,

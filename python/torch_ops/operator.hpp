@@ -1,11 +1,16 @@
 #pragma once
-// torch.ops.rope.apply_, the kernel: PyTorch tensors in, one rope::apply call.
+// torch.ops.rope.apply_, the kernel: PyTorch tensors in, one rope call.
 //
 // The kernel is written once, as a template over what runs the prepared call
 // (run_host in operator.cpp; run_cuda in operator_cuda.cpp, which adds
 // PyTorch's device guard and current stream), and each file registers its
 // instance for its dispatch key. The tensors are checked by the same code as
 // rope.apply's arrays (python/src/call_args.hpp), so the messages are the same.
+// The call is rope::apply's two steps (make_plan, then the backend's run), taken
+// here so that what is known beforehand is not recomputed per call: the
+// configuration's frequency table is built once per key (KeyedConfig), and on
+// CUDA the tensors' devices stand for the driver's pointer queries
+// (Plan::pointers_verified; cuda/pointer_check.hpp says when that holds).
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -14,6 +19,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/string_view.h>
 
+#include <rope/detail/plan.hpp>
 #include <rope/rope.hpp>
 
 #include "call_args.hpp"
@@ -26,12 +32,26 @@ rope_python::Call prepare(const rope::RopeConfig& config, const at::Tensor& q, c
                           const std::optional<at::Tensor>& starts, const std::optional<at::Tensor>& cos_sin_cache,
                           const rope_python::CallOptions& options);
 
-/// The RopeConfig of a rope.Config.key, read once per distinct key (python/src/config_key.hpp) and
-/// kept: a call then costs a map lookup, not a parse. The reference stays valid for the process.
-const rope::RopeConfig& config_for_key(std::string_view key);
+/// What a rope.Config.key stands for, read once per distinct key and kept for the process.
+struct KeyedConfig {
+    rope::RopeConfig config;  ///< python/src/config_key.hpp's reading of the key, validated.
+    /// The frequency table every call of the configuration shares (rope::detail::reusable_frequency_table),
+    /// so a call does not compute theta_i again; none for dynamic and longrope scaling (make_plan builds
+    /// theirs per call, from the call's largest position).
+    std::optional<rope::FrequencyTable> frequencies;
+};
+
+/// The KeyedConfig of a rope.Config.key: parsed on the first call with that key; later calls
+/// find it without a parse (a calling thread's last key is compared first, without the lock).
+/// The reference stays valid for the process.
+const KeyedConfig& config_for_key(std::string_view key);
+
+/// rope::apply's two steps for a prepared call: the plan (with the key's shared frequency table)
+/// and the run. @p pointers_verified: the caller checked where every tensor lives (Plan::pointers_verified).
+void run_plan(const KeyedConfig& keyed, const rope_python::Call& call, bool pointers_verified);
 
 /// What runs a prepared call on its device.
-using Runner = void (*)(const rope::RopeConfig& config, rope_python::Call& call);
+using Runner = void (*)(const KeyedConfig& keyed, rope_python::Call& call);
 
 inline std::string_view view(c10::string_view text) { return {text.data(), text.size()}; }
 
@@ -45,11 +65,11 @@ void apply_in_place(const at::Tensor& q, const std::optional<at::Tensor>& k, c10
                     const std::optional<at::Tensor>& cos_sin_cache, c10::string_view layout, bool inverse,
                     c10::string_view backend, int64_t max_position) {
     try {
-        const rope::RopeConfig& rope_config = config_for_key(view(config));
+        const KeyedConfig& keyed = config_for_key(view(config));
         const rope_python::CallOptions options{view(backend), view(layout), offset,  cp_size,
                                                cp_rank,       max_position, inverse, 0};
-        rope_python::Call call = prepare(rope_config, q, k, ids, cu_seqlens, starts, cos_sin_cache, options);
-        run(rope_config, call);
+        rope_python::Call call = prepare(keyed.config, q, k, ids, cu_seqlens, starts, cos_sin_cache, options);
+        run(keyed, call);
     } catch (const rope::Error& error) {
         TORCH_CHECK_VALUE(false, error.what());
     }

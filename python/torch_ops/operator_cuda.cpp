@@ -12,15 +12,19 @@
 namespace rope_torch {
 namespace {
 
-void run_cuda(const rope::RopeConfig& config, rope_python::Call& call) {
-    if (call.cuda_device < 0) {  // A host backend, or no CUDA tensor for a CUDA backend: rope::apply says which.
-        rope::apply(*call.backend, config, call.args);
+void run_cuda(const KeyedConfig& keyed, rope_python::Call& call) {
+    if (call.cuda_device < 0) {  // A host backend, or no CUDA tensor for a CUDA backend: make_plan says which.
+        run_plan(keyed, call, false);
         return;
     }
     const auto device = static_cast<c10::DeviceIndex>(call.cuda_device);
     const c10::cuda::CUDAGuard guard(device);
     call.args.stream = c10::cuda::getCurrentCUDAStream(device).stream();
-    rope::apply(*call.backend, config, call.args);
+    // Where the pointers live is known without asking the driver: prepare_call took each
+    // tensor's device from tensor.device() and refused CUDA tensors of two devices; make_plan
+    // refuses any non-empty tensor or position array not on the CUDA device; the guard made
+    // that device current. So the backend skips cudaPointerGetAttributes (cuda/pointer_check.hpp).
+    run_plan(keyed, call, true);
 }
 
 }  // namespace

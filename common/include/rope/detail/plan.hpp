@@ -9,6 +9,7 @@
 /// facts and rejects bad input identically.
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "rope/args.hpp"
@@ -19,6 +20,8 @@
 #include "rope/tensor.hpp"
 
 namespace rope {
+
+class Backend;  // rope/backend.hpp
 
 /// @brief Where the position of token (b, s) on each axis comes from, in a form
 /// device code can read (pointers, no containers).
@@ -136,6 +139,12 @@ struct Plan {
     PositionSource positions;  ///< Position of each token on each axis.
     AngleRule angles;        ///< cos and sin of each pair at a position.
     void* stream = nullptr;  ///< CUDA stream, if any.
+    /// Set only by a caller that knows, as surely as the driver would say, that every pointer of
+    /// the call is memory of the current CUDA device: the PyTorch operator, whose tensors each
+    /// carry their device (all one device, checked, made current by its device guard). The CUDA
+    /// backends then skip asking the driver where each pointer lives (cuda/pointer_check.hpp).
+    /// make_plan leaves it false: rope::apply always asks.
+    bool pointers_verified = false;
 
     /// @brief Whether there is nothing to do.
     /// @return true when batch or seq is zero, or neither q nor k has a head.
@@ -146,10 +155,14 @@ struct Plan {
 /// @param config the model's RoPE (validated first, as validate() does).
 /// @param args the tensors, positions, direction, table and stream of the call.
 /// @param device where the backend runs: every non-empty tensor and position array must live there.
+/// @param frequencies the table of @p config that every call shares (reusable_frequency_table()), built
+/// once by a caller that makes many calls with one configuration; null, or a configuration whose table
+/// depends on the call (dynamic, longrope): built here for the call.
 /// @return the plan, with its frequency table computed for the call's largest position
 /// (an empty call, which no backend runs, gets none).
 /// @throws rope::Error naming the first offending parameter and its value.
-Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device);
+Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device,
+               const FrequencyTable* frequencies = nullptr);
 
 namespace detail {
 /// @brief make_frequency_table() for a configuration already validated (make_plan's use).
@@ -157,6 +170,21 @@ namespace detail {
 /// @param max_position largest position of the call + 1.
 /// @return the frequency table.
 FrequencyTable build_frequency_table(const RopeConfig& config, int64_t max_position);
+
+/// @brief The frequency table of @p config that every call can share, for make_plan's
+/// @p frequencies: theta_i computed once per configuration instead of once per call.
+/// @param config the model's RoPE (validated first, as validate() does).
+/// @return its table, or std::nullopt when it depends on the call's positions (dynamic and
+/// longrope scaling read the call's largest position).
+/// @throws rope::Error if @p config is invalid.
+std::optional<FrequencyTable> reusable_frequency_table(const RopeConfig& config);
+
+/// @brief rope::apply after make_plan: refuses a plan beyond @p backend's limits
+/// (rope::BackendLimits), skips an empty one, runs the rest.
+/// @param backend the backend the plan was built for (make_plan with its device()).
+/// @param plan the validated call.
+/// @throws rope::Error naming the parameter beyond the backend's limits.
+void run_plan(Backend& backend, const Plan& plan);
 }  // namespace detail
 
 }  // namespace rope
