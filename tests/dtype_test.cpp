@@ -204,13 +204,19 @@ TEST_CASE("large: fp16 and bf16: whole-row rounding gives the references' bits f
 // checks that both wrote the same bits. With a caller's table both backends multiply the
 // very same float32 numbers, so any difference is a rounding of cpu-eigen's own: a
 // multiply fused with an add (FMA, one rounding instead of two) in one of its SIMD clones,
-// a conversion that rounds differently, or a row its streaming stores got wrong.
+// a conversion that rounds differently, or a row its streaming stores got wrong. @p outputs
+// arranges q_out and k_out (misaligned or padded rows leave parts of cache lines open).
 namespace {
 void check_eigen_gives_naive_bits(rope::Backend& eigen, const rope::RopeConfig& config, rope::DType dtype,
-                                  std::array<int64_t, 4> q_shape, std::array<int64_t, 4> k_shape, bool in_place) {
+                                  std::array<int64_t, 4> q_shape, std::array<int64_t, 4> k_shape, bool in_place,
+                                  testing::Arrangement outputs = testing::Arrangement::dense) {
     auto naive = rope::make_backend("cpu-naive");
     std::uniform_real_distribution<float> entry(-1.0f, 1.0f);
     testing::Call call = testing::make_call(config, dtype, rope::Layout::bhsd, q_shape, k_shape);
+    if (outputs != testing::Arrangement::dense) {
+        const testing::StorageOptions in{}, out{outputs, 3};
+        testing::arrange(call, {in, in, out, out}, testing::rng());
+    }
     call.in_place = in_place;
     const int64_t rows = q_shape[2];  // positions 0..seq-1
     call.table.resize(size_t(rows * config.rotary_dim));
@@ -244,9 +250,10 @@ TEST_CASE("fp32, fp16 and bf16 rows: cpu-eigen gives cpu-naive's bits when both 
 
 TEST_SUITE("large") {
 TEST_CASE("large: cpu-eigen's streamed float32 outputs (more than the last-level cache) give cpu-naive's bits") {
-    // cpu-eigen writes the rows of an out-of-place float32 call with streaming stores once the
-    // outputs exceed the last-level cache the processor reports (32 MiB where it reports none):
-    // outputs here just above that, 300 MiB to 1 GiB in all on today's machines.
+    // cpu-eigen writes the rows of an out-of-place float32 half-split call with streaming stores
+    // once the outputs exceed the last-level cache the processor reports (32 MiB where it reports
+    // none): outputs here just above that, 300 MiB to 1 GiB in all on today's machines.
+    // Interleaved pairs are written normally; both styles are checked.
     auto eigen = testing::backend_or_skip("cpu-eigen");
     if (!eigen) return;
     long reported = 0;
@@ -262,11 +269,17 @@ TEST_CASE("large: cpu-eigen's streamed float32 outputs (more than the last-level
     const int64_t heads = 32, head_dim = 128;
     const int64_t bytes_per_token = 2 * heads * head_dim * int64_t(sizeof(float));  // q_out and k_out
     const int64_t tokens = cache / bytes_per_token + 1;
-    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
-        CAPTURE(int(style));
-        const rope::RopeConfig config{.head_dim = head_dim, .rotary_dim = head_dim, .style = style};
-        check_eigen_gives_naive_bits(*eigen, config, rope::DType::f32, {1, heads, tokens, head_dim},
-                                     {1, heads, tokens, head_dim}, false);
-    }
+    // Dense outputs from malloc start 16 bytes past a page, misaligned ones 4 bytes further;
+    // padded rows are not adjacent, so the open parts of their lines never complete.
+    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved})
+        for (testing::Arrangement outputs :
+             {testing::Arrangement::dense, testing::Arrangement::misaligned, testing::Arrangement::padded}) {
+            CAPTURE(int(style));
+            const std::string arrangement = testing::arrangement_name(outputs);
+            CAPTURE(arrangement);
+            const rope::RopeConfig config{.head_dim = head_dim, .rotary_dim = head_dim, .style = style};
+            check_eigen_gives_naive_bits(*eigen, config, rope::DType::f32, {1, heads, tokens, head_dim},
+                                         {1, heads, tokens, head_dim}, false, outputs);
+        }
 }
 }  // TEST_SUITE("large")
