@@ -12,9 +12,10 @@
 //      rounded back by plain loops without branches that the compiler
 //      vectorises, compiled for SSE2, AVX2 and AVX-512 (the processor picks);
 //      with AVX-512 both are widened, rotated and rounded in registers,
-//      sixteen pairs at a time, and fp16 rows elsewhere use the processor's
-//      own conversions where it has them (F16C). Strided views take a
-//      generic gather/scatter path.
+//      sixteen pairs at a time (bf16 rounded by the processor's own
+//      instruction where it has AVX512-BF16), and fp16 rows elsewhere use the
+//      processor's own conversions where it has them (F16C). Strided views
+//      take a generic gather/scatter path.
 //   2. cos/sin are computed once per (position, pair), by all threads
 //      together and several pairs per instruction, into one table that every
 //      head of q and k then reads (and every sequence, when they share
@@ -277,8 +278,9 @@ __attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row
 // arrive as sixteen 32-bit lanes, one pair each (split_pairs, join_pairs).
 // The results are rotate_widened's bits: the products are rounded one by one
 // (-ffp-contract=off compiles every kernel here), bf16 rounds with
-// rope::to_bfloat16's integer arithmetic on sixteen lanes at once, and fp16
-// with the processor's conversion plus rope's NaN, as in rotate_f16c.
+// rope::to_bfloat16's integer arithmetic on sixteen lanes at once (or the
+// processor's own instruction, below), and fp16 with the processor's
+// conversion plus rope's NaN, as in rotate_f16c.
 #if defined(__GNUC__) && defined(__x86_64__)
 #define ROPE_HAVE_AVX512_KERNEL 1
 // GCC 12 reports the AVX-512 headers' internal placeholder operands as maybe
@@ -287,7 +289,11 @@ __attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#define ROPE_AVX512 __attribute__((target("avx512f,avx512bw")))
+// The target also allows AVX512-BF16 (bf16 conversions, processors since 2020), for the
+// one kernel that uses them (Bf16Instruction, below), which is picked only where the
+// processor has them. The compiler emits those instructions for their intrinsics only:
+// no other code here has their semantics, so the other kernels run on any AVX-512 processor.
+#define ROPE_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 // Sixteen stored elements widened to float32 (exact).
 ROPE_AVX512 inline __m512 widen_16(__m256i elements, bfloat16 /*storage*/) {
@@ -343,13 +349,43 @@ ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, float16 storage) {
                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow_16(y, storage)), 16));
 }
 
+// bf16 rounding by the processor's instruction (AVX512-BF16): one instruction
+// for sixteen lanes (thirty-two when two vectors are joined) instead of about ten
+// for the integer arithmetic of round_to_top_half. That arithmetic was what bound
+// bf16 rows on the 2-core VM: in the cache a 256-byte bf16 row cost more than a
+// 512-byte fp32 row (58 against 26 ns), and from memory with two threads the
+// instruction took [1,32,4096,128] and [8,32,1024,128] in place from 44 and 52% of
+// the ceiling to 60 and 68% (alternating runs, medians of 3). It rounds to nearest,
+// ties to even, and quiets a NaN as rope::to_bfloat16 does, but reads subnormal
+// floats as zero: a vector with one takes the integer arithmetic instead (rotated
+// values are almost never subnormal, so the branch costs nothing measurable).
+struct Bf16Instruction {};
+ROPE_AVX512 inline __mmask16 subnormal_lanes(__m512 values) {
+    const __m512i bits = _mm512_castps_si512(values);
+    return _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)) &  // exponent 0 ...
+           _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x007fffff));    // ... and a fraction.
+}
+ROPE_AVX512 inline __m256i narrow_16(__m512 values, Bf16Instruction /*rounding*/) {
+    if (subnormal_lanes(values) != 0) return narrow_16(values, bfloat16{});
+    return __m256i(_mm512_cvtneps_pbh(values));
+}
+ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, Bf16Instruction /*rounding*/) {
+    if ((subnormal_lanes(x) | subnormal_lanes(y)) != 0) return join_pairs(x, y, bfloat16{});
+    // Rounded x then rounded y, 32 halves; then x_i and y_i side by side, a pair per lane.
+    const __m512i halves = __m512i(_mm512_cvtne2ps_pbh(y, x));
+    const __m512i x_then_y = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,  //
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(x_then_y, halves);
+}
+
 // rotate_pair on sixteen pairs: x c - y s and y c + x s, each product rounded.
 ROPE_AVX512 inline WidePairs rotate_16(WidePairs pair, __m512 c, __m512 s) {
     return {_mm512_sub_ps(_mm512_mul_ps(pair.x, c), _mm512_mul_ps(pair.y, s)),
             _mm512_add_ps(_mm512_mul_ps(pair.y, c), _mm512_mul_ps(pair.x, s))};
 }
 
-template <typename Storage, Style kStyle>
+// Rounding picks the narrowing: Storage's own arithmetic, or Bf16Instruction.
+template <typename Storage, Style kStyle, typename Rounding = Storage>
 ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin,
                                RowShape shape) {
     const int64_t pairs = shape.pairs, rotary_dim = shape.rotary_dim;
@@ -363,12 +399,12 @@ ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const fl
             const WidePairs widened{widen_16(_mm256_loadu_si256(x_at), Storage{}),
                                     widen_16(_mm256_loadu_si256(y_at), Storage{})};
             const WidePairs rotated = rotate_16(widened, c, s);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + i), narrow_16(rotated.x, Storage{}));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + pairs + i), narrow_16(rotated.y, Storage{}));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + i), narrow_16(rotated.x, Rounding{}));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + pairs + i), narrow_16(rotated.y, Rounding{}));
         } else {
             // Sixteen pairs = 32 features in a row, one 64-byte load and store.
             const WidePairs rotated = rotate_16(split_pairs(_mm512_loadu_si512(in.data + 2 * i), Storage{}), c, s);
-            _mm512_storeu_si512(out.data + 2 * i, join_pairs(rotated.x, rotated.y, Storage{}));
+            _mm512_storeu_si512(out.data + 2 * i, join_pairs(rotated.x, rotated.y, Rounding{}));
         }
     }
     // The last pairs % 16 pairs take the scalar rule.
@@ -403,7 +439,13 @@ RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand, int64_t 
     const bool contiguous = operand.in_geometry.stride_dim == 1 && operand.out_geometry.stride_dim == 1;
     if constexpr (!std::is_same_v<Storage, float>) {
 #ifdef ROPE_HAVE_AVX512_KERNEL
-        if (contiguous && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+        const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+        if constexpr (std::is_same_v<Storage, bfloat16>) {
+            if (contiguous && avx512 && __builtin_cpu_supports("avx512bf16"))
+                return style == Style::half_split ? rotate_avx512<Storage, Style::half_split, Bf16Instruction>
+                                                  : rotate_avx512<Storage, Style::interleaved, Bf16Instruction>;
+        }
+        if (contiguous && avx512)
             return style == Style::half_split ? rotate_avx512<Storage, Style::half_split>
                                               : rotate_avx512<Storage, Style::interleaved>;
 #endif
@@ -543,10 +585,11 @@ int64_t streaming_output_bytes() {
 // fp32 calls twice as slow as ordinary stores on the 2-core VM, with the
 // threshold above lowered to stream them (26.5 against 13.8 ms at
 // [1, 32, 4096, 128]); by whole lines only, the two were even with two
-// threads. So the part of a line a row leaves open is kept in a slot until the neighbouring row brings the rest (the next token of the same
-// head, a few rows later in the walk), and then the whole line is streamed;
-// parts still open when the thread leaves its stretch are written with
-// ordinary stores (then another thread may own the rest of that line).
+// threads. So the part of a line a row leaves open is kept in a slot until
+// the neighbouring row brings the rest (the next token of the same head, a few
+// rows later in the walk), and then the whole line is streamed; parts still
+// open when the thread leaves its stretch are written with ordinary stores
+// (then another thread may own the rest of that line).
 class LineStreamer {
 public:
     // Copies @p bytes from @p from (a finished row in L1) to @p to.
