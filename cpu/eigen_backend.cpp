@@ -318,6 +318,11 @@ ROPE_AVX512 inline __m256i narrow_16(__m512 values, bfloat16 /*storage*/) {
 }
 ROPE_AVX512 inline __m256i narrow_16(__m512 values, float16 /*storage*/) {
     const __m256i halves = _mm512_cvtps_ph(values, _MM_FROUND_TO_NEAREST_INT);
+    // Rotated values are almost never NaN: one comparison of the floats skips rope's NaN
+    // below for the whole vector. fp16 in place, 2 threads, alternating runs, medians of 3:
+    // half-split 50 -> 56% and 56 -> 62% of the ceiling at [1,32,4096,128] and
+    // [8,32,1024,128], interleaved 52 -> 51% and 51 -> 58%.
+    if (_mm512_cmp_ps_mask(values, values, _CMP_UNORD_Q) == 0) return halves;
     // A half is a NaN when its magnitude is above infinity's; it becomes sign | 0x7e00.
     const __m256i magnitude = _mm256_and_si256(halves, _mm256_set1_epi16(0x7fff));
     const __m256i nan = _mm256_cmpgt_epi16(magnitude, _mm256_set1_epi16(0x7c00));
