@@ -12,9 +12,10 @@
 //      rounded back by plain loops without branches that the compiler
 //      vectorises, compiled for SSE2, AVX2 and AVX-512 (the processor picks);
 //      with AVX-512 both are widened, rotated and rounded in registers,
-//      sixteen pairs at a time, and fp16 rows elsewhere use the processor's
-//      own conversions where it has them (F16C). Strided views take a
-//      generic gather/scatter path.
+//      sixteen pairs at a time (bf16 rounded by the processor's own
+//      instruction where it has AVX512-BF16), and fp16 rows elsewhere use the
+//      processor's own conversions where it has them (F16C). Strided views
+//      take a generic gather/scatter path.
 //   2. cos/sin are computed once per (position, pair), by all threads
 //      together and several pairs per instruction, into one table that every
 //      head of q and k then reads (and every sequence, when they share
@@ -22,8 +23,8 @@
 //   3. OpenMP threads each stream one contiguous stretch of memory (a range of
 //      heads, or of tokens, whichever is contiguous in the layout), also when
 //      decoding a single token, and prefetch the rows they rotate next;
-//      float32 outputs of an out-of-place call larger than the last-level
-//      cache are written with streaming stores.
+//      out-of-place float32 outputs of half-split pairs larger than the
+//      last-level cache are written with streaming stores, by whole lines.
 //
 // Read top to bottom: the row kernels, the cos/sin table, the work split and
 // the walk over rows, and the backend that ties them together.
@@ -36,6 +37,7 @@
 #include <immintrin.h>  // F16C (rotate_f16c) and AVX-512 (rotate_avx512) instructions, streaming stores.
 #endif
 #include <algorithm>
+#include <bit>  // std::countr_zero, std::countr_one (LineStreamer).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -276,8 +278,9 @@ __attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row
 // arrive as sixteen 32-bit lanes, one pair each (split_pairs, join_pairs).
 // The results are rotate_widened's bits: the products are rounded one by one
 // (-ffp-contract=off compiles every kernel here), bf16 rounds with
-// rope::to_bfloat16's integer arithmetic on sixteen lanes at once, and fp16
-// with the processor's conversion plus rope's NaN, as in rotate_f16c.
+// rope::to_bfloat16's integer arithmetic on sixteen lanes at once (or the
+// processor's own instruction, below), and fp16 with the processor's
+// conversion plus rope's NaN, as in rotate_f16c.
 #if defined(__GNUC__) && defined(__x86_64__)
 #define ROPE_HAVE_AVX512_KERNEL 1
 // GCC 12 reports the AVX-512 headers' internal placeholder operands as maybe
@@ -286,7 +289,11 @@ __attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#define ROPE_AVX512 __attribute__((target("avx512f,avx512bw")))
+// The target also allows AVX512-BF16 (bf16 conversions, processors since 2020), for the
+// one kernel that uses them (Bf16Instruction, below), which is picked only where the
+// processor has them. The compiler emits those instructions for their intrinsics only:
+// no other code here has their semantics, so the other kernels run on any AVX-512 processor.
+#define ROPE_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 // Sixteen stored elements widened to float32 (exact).
 ROPE_AVX512 inline __m512 widen_16(__m256i elements, bfloat16 /*storage*/) {
@@ -311,6 +318,11 @@ ROPE_AVX512 inline __m256i narrow_16(__m512 values, bfloat16 /*storage*/) {
 }
 ROPE_AVX512 inline __m256i narrow_16(__m512 values, float16 /*storage*/) {
     const __m256i halves = _mm512_cvtps_ph(values, _MM_FROUND_TO_NEAREST_INT);
+    // Rotated values are almost never NaN: one comparison of the floats skips rope's NaN
+    // below for the whole vector. fp16 in place, 2 threads, alternating runs, medians of 3:
+    // half-split 50 -> 56% and 56 -> 62% of the ceiling at [1,32,4096,128] and
+    // [8,32,1024,128], interleaved 52 -> 51% and 51 -> 58%.
+    if (_mm512_cmp_ps_mask(values, values, _CMP_UNORD_Q) == 0) return halves;
     // A half is a NaN when its magnitude is above infinity's; it becomes sign | 0x7e00.
     const __m256i magnitude = _mm256_and_si256(halves, _mm256_set1_epi16(0x7fff));
     const __m256i nan = _mm256_cmpgt_epi16(magnitude, _mm256_set1_epi16(0x7c00));
@@ -342,13 +354,43 @@ ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, float16 storage) {
                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow_16(y, storage)), 16));
 }
 
+// bf16 rounding by the processor's instruction (AVX512-BF16): one instruction
+// for sixteen lanes (thirty-two when two vectors are joined) instead of about ten
+// for the integer arithmetic of round_to_top_half. That arithmetic was what bound
+// bf16 rows on the 2-core VM: in the cache a 256-byte bf16 row cost more than a
+// 512-byte fp32 row (58 against 26 ns), and from memory with two threads the
+// instruction took [1,32,4096,128] and [8,32,1024,128] in place from 44 and 52% of
+// the ceiling to 60 and 68% (alternating runs, medians of 3). It rounds to nearest,
+// ties to even, and quiets a NaN as rope::to_bfloat16 does, but reads subnormal
+// floats as zero: a vector with one takes the integer arithmetic instead (rotated
+// values are almost never subnormal, so the branch costs nothing measurable).
+struct Bf16Instruction {};
+ROPE_AVX512 inline __mmask16 subnormal_lanes(__m512 values) {
+    const __m512i bits = _mm512_castps_si512(values);
+    return _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)) &  // exponent 0 ...
+           _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x007fffff));    // ... and a fraction.
+}
+ROPE_AVX512 inline __m256i narrow_16(__m512 values, Bf16Instruction /*rounding*/) {
+    if (subnormal_lanes(values) != 0) return narrow_16(values, bfloat16{});
+    return __m256i(_mm512_cvtneps_pbh(values));
+}
+ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, Bf16Instruction /*rounding*/) {
+    if ((subnormal_lanes(x) | subnormal_lanes(y)) != 0) return join_pairs(x, y, bfloat16{});
+    // Rounded x then rounded y, 32 halves; then x_i and y_i side by side, a pair per lane.
+    const __m512i halves = __m512i(_mm512_cvtne2ps_pbh(y, x));
+    const __m512i x_then_y = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,  //
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(x_then_y, halves);
+}
+
 // rotate_pair on sixteen pairs: x c - y s and y c + x s, each product rounded.
 ROPE_AVX512 inline WidePairs rotate_16(WidePairs pair, __m512 c, __m512 s) {
     return {_mm512_sub_ps(_mm512_mul_ps(pair.x, c), _mm512_mul_ps(pair.y, s)),
             _mm512_add_ps(_mm512_mul_ps(pair.y, c), _mm512_mul_ps(pair.x, s))};
 }
 
-template <typename Storage, Style kStyle>
+// Rounding picks the narrowing: Storage's own arithmetic, or Bf16Instruction.
+template <typename Storage, Style kStyle, typename Rounding = Storage>
 ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin,
                                RowShape shape) {
     const int64_t pairs = shape.pairs, rotary_dim = shape.rotary_dim;
@@ -362,12 +404,12 @@ ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const fl
             const WidePairs widened{widen_16(_mm256_loadu_si256(x_at), Storage{}),
                                     widen_16(_mm256_loadu_si256(y_at), Storage{})};
             const WidePairs rotated = rotate_16(widened, c, s);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + i), narrow_16(rotated.x, Storage{}));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + pairs + i), narrow_16(rotated.y, Storage{}));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + i), narrow_16(rotated.x, Rounding{}));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + pairs + i), narrow_16(rotated.y, Rounding{}));
         } else {
             // Sixteen pairs = 32 features in a row, one 64-byte load and store.
             const WidePairs rotated = rotate_16(split_pairs(_mm512_loadu_si512(in.data + 2 * i), Storage{}), c, s);
-            _mm512_storeu_si512(out.data + 2 * i, join_pairs(rotated.x, rotated.y, Storage{}));
+            _mm512_storeu_si512(out.data + 2 * i, join_pairs(rotated.x, rotated.y, Rounding{}));
         }
     }
     // The last pairs % 16 pairs take the scalar rule.
@@ -402,7 +444,13 @@ RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand, int64_t 
     const bool contiguous = operand.in_geometry.stride_dim == 1 && operand.out_geometry.stride_dim == 1;
     if constexpr (!std::is_same_v<Storage, float>) {
 #ifdef ROPE_HAVE_AVX512_KERNEL
-        if (contiguous && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+        const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+        if constexpr (std::is_same_v<Storage, bfloat16>) {
+            if (contiguous && avx512 && __builtin_cpu_supports("avx512bf16"))
+                return style == Style::half_split ? rotate_avx512<Storage, Style::half_split, Bf16Instruction>
+                                                  : rotate_avx512<Storage, Style::interleaved, Bf16Instruction>;
+        }
+        if (contiguous && avx512)
             return style == Style::half_split ? rotate_avx512<Storage, Style::half_split>
                                               : rotate_avx512<Storage, Style::interleaved>;
 #endif
@@ -502,14 +550,18 @@ constexpr int64_t kPrefetchRows = 8;
 // in which one core moves about this much. Below it, fewer threads are faster.
 constexpr int64_t kMinBytesPerThread = 256 * 1024;
 // Outputs (q_out + k_out bytes) from which an out-of-place call writes its
-// rows with streaming stores (see stream_to_memory): more than the last-level
+// rows with streaming stores (see LineStreamer): more than the last-level
 // cache holds, so the next operation would not have found them in the cache
 // anyway. Smaller outputs are written normally and stay in the cache for it.
 // The size is the processor's own (glibc reads it from CPUID), 32 MiB where
 // the system does not say. Measured: on a VM with a 32 MiB L3, streaming
 // [1,32,4096,128] fp32 (128 MiB of output) took the call from 50 to 68-73% of
-// the ceiling; on a VM with a 260 MiB L3 the same call streamed took 22.8 ms
-// against 13.2 ms written normally: there the output is smaller than the cache.
+// the ceiling. The 2-core VM this was tuned on reports its host's 260 MiB L3,
+// shared with the host's other cores, so a lower threshold (8 MiB per
+// processor) was tried there: with one thread streaming won (56 against 53%
+// and 64 against 57% at [1,32,4096,128] and [8,32,1024,128]), with two it did
+// not (56 against 54%, 50 against 57%; alternating runs, medians of 5), so the
+// threshold stays the reported cache.
 int64_t streaming_output_bytes() {
     static const int64_t bytes = [] {
         long reported = 0;
@@ -521,45 +573,142 @@ int64_t streaming_output_bytes() {
     return bytes;
 }
 
-// Writes a finished row to memory with streaming (non-temporal) stores.
+// Writes a thread's finished rows to memory with streaming (non-temporal) stores.
 //
 // An ordinary store to a line that is not in the cache first reads the line
 // from memory (a "read for ownership"), so writing to a separate output moves
 // three bytes for every two rotated: read the input, read the output's old
-// line, write it back. A streaming store sends whole lines straight to memory
-// without reading them, and without keeping them in the cache. Out of place at
-// [1, 32, 4096, 128] and [8, 32, 1024, 128] fp32 this measured 68-73% and
-// 77-79% of the ceiling here, against 50% and 61-65% with ordinary stores
-// (alternating runs on the 2-core VM). fp16 and bf16 rows do not use it: they
-// are bound by their conversions more than by memory, and the extra pass
-// through the buffer cost them about 5 points of the ceiling (bench-cpu
-// runs with and without it). Other processors than x86-64: memcpy.
-void stream_to_memory(const void* from, void* to, int64_t bytes) {
-#if defined(__GNUC__) && defined(__x86_64__)
-    const char* source = static_cast<const char*>(from);
-    char* target = static_cast<char*>(to);
-    // Streaming stores write 16 aligned bytes; the ends of a row that is not
-    // 16-byte aligned take ordinary stores.
-    const int64_t misalignment = int64_t(reinterpret_cast<uintptr_t>(target) % 16);
-    const int64_t head = std::min<int64_t>(misalignment == 0 ? 0 : 16 - misalignment, bytes);
-    std::memcpy(target, source, size_t(head));
-    int64_t done = head;
-    for (; done + 16 <= bytes; done += 16)
-        _mm_stream_si128(reinterpret_cast<__m128i*>(target + done),
-                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + done)));
-    std::memcpy(target + done, source + done, size_t(bytes - done));
-#else
-    std::memcpy(to, from, size_t(bytes));
-#endif
-}
+// line, write it back. A streaming store sends a whole line straight to memory
+// without reading it, and without keeping it in the cache.
+//
+// Only whole lines may be streamed: a streaming store that covers part of a
+// line leaves the memory controller to merge it with the line's old bytes, a
+// read and a write for every part. Rows need not start on a line: malloc's
+// large blocks start 16 bytes past a page, so each 512-byte fp32 row of such a
+// tensor covers parts of 9 lines, the first and last shared with its
+// neighbours in memory. Streaming those parts row by row made out-of-place
+// fp32 calls twice as slow as ordinary stores on the 2-core VM, with the
+// threshold above lowered to stream them (26.5 against 13.8 ms at
+// [1, 32, 4096, 128]); by whole lines only, the two were even with two
+// threads. So the part of a line a row leaves open is kept in a slot until
+// the neighbouring row brings the rest (the next token of the same head, a few
+// rows later in the walk), and then the whole line is streamed; parts still
+// open when the thread leaves its stretch are written with ordinary stores
+// (then another thread may own the rest of that line).
+class LineStreamer {
+public:
+    // Copies @p bytes from @p from (a finished row in L1) to @p to.
+    void write(const void* from, void* to, int64_t bytes) {
+        const auto* source = static_cast<const unsigned char*>(from);
+        const uintptr_t at = reinterpret_cast<uintptr_t>(to), end = at + uintptr_t(bytes);
+        const uintptr_t first_whole = (at + kCacheLine - 1) / kCacheLine * kCacheLine;  // First line inside.
+        const uintptr_t past_whole = end / kCacheLine * kCacheLine;                    // Past the last one.
+        if (first_whole >= past_whole) {  // No whole line: the row is open at both ends of one or two lines.
+            keep_parts(at, end, source);
+            return;
+        }
+        keep_parts(at, first_whole, source);
+        stream_lines(first_whole, source + (first_whole - at), int64_t(past_whole - first_whole) / kCacheLine);
+        keep_parts(past_whole, end, source + (past_whole - at));
+    }
 
-// Orders a thread's streaming stores before whatever it does next (they are
-// not ordered like ordinary stores): called before a thread leaves its rows.
-void finish_streaming() {
+    // Writes the parts still open with ordinary stores, and orders this
+    // thread's streaming stores before whatever it does next (they are not
+    // ordered like ordinary stores): called before a thread leaves its stretch.
+    void finish() {
+        for (Part& part : parts_)
+            if (part.line != 0) write_part(part);
 #if defined(__GNUC__) && defined(__x86_64__)
-    _mm_sfence();
+        _mm_sfence();
 #endif
-}
+    }
+
+private:
+    // An open line: its address, which of its bytes are here, and those bytes.
+    struct Part {
+        uintptr_t line = 0;  // 0: the slot is free.
+        uint64_t filled = 0;  // Bit b: byte b is here.
+        alignas(16) unsigned char bytes[kCacheLine];
+    };
+    // Open lines a thread may have at once: one per head it walks side by side
+    // (kHeadsSideBySide); more only costs ordinary stores for the oldest.
+    static constexpr int kParts = 8;
+
+    // Streams @p lines whole lines from @p source to the aligned address @p line.
+    static void stream_lines(uintptr_t line, const unsigned char* source, int64_t lines) {
+#if defined(__GNUC__) && defined(__x86_64__)
+        static const bool wide = __builtin_cpu_supports("avx512f");
+        if (wide) return stream_lines_avx512(line, source, lines);
+        // Four 16-byte streaming stores (SSE2, any x86-64) issued back to back
+        // fill one write-combining buffer, which goes to memory as one line.
+        for (int64_t b = 0; b < lines * kCacheLine; b += 16)
+            _mm_stream_si128(reinterpret_cast<__m128i*>(line + b),
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + b)));
+#else
+        std::memcpy(reinterpret_cast<void*>(line), source, size_t(lines * kCacheLine));
+#endif
+    }
+#if defined(__GNUC__) && defined(__x86_64__)
+    // With AVX-512 a line is one store: nothing can flush the write-combining
+    // buffer half full. (Two threads, alternating runs, medians of 5: 56 and 50%
+    // of the ceiling at [1,32,4096,128] and [8,32,1024,128], against 48 and 51%
+    // with four 16-byte stores.)
+    __attribute__((target("avx512f"))) static void stream_lines_avx512(uintptr_t line, const unsigned char* source,
+                                                                       int64_t lines) {
+        for (int64_t b = 0; b < lines * kCacheLine; b += kCacheLine)
+            _mm512_stream_si512(reinterpret_cast<__m512i*>(line + b), _mm512_loadu_si512(source + b));
+    }
+#endif
+
+    // Keeps the bytes [at, end) (within one or two lines) until their lines are whole.
+    void keep_parts(uintptr_t at, uintptr_t end, const unsigned char* source) {
+        while (at < end) {
+            const uintptr_t line = at - at % kCacheLine;
+            const int64_t begin = int64_t(at - line);
+            const int64_t count = std::min<int64_t>(kCacheLine - begin, int64_t(end - at));
+            keep_part(line, begin, count, source);
+            at += uintptr_t(count);
+            source += count;
+        }
+    }
+
+    void keep_part(uintptr_t line, int64_t begin, int64_t count, const unsigned char* source) {
+        Part* part = nullptr;
+        for (Part& candidate : parts_)
+            if (candidate.line == line) part = &candidate;
+        if (part == nullptr) {
+            for (Part& candidate : parts_)
+                if (candidate.line == 0 && part == nullptr) part = &candidate;
+            if (part == nullptr) {  // All slots open: the oldest goes out with ordinary stores.
+                part = &parts_[oldest_];
+                write_part(*part);
+                oldest_ = (oldest_ + 1) % kParts;
+            }
+            part->line = line;
+        }
+        std::memcpy(part->bytes + begin, source, size_t(count));
+        part->filled |= ((uint64_t(1) << count) - 1) << begin;  // count < 64 here.
+        if (part->filled == ~uint64_t(0)) {
+            stream_lines(line, part->bytes, 1);
+            *part = Part{};
+        }
+    }
+
+    // Writes an open line's bytes with ordinary stores, run by run, and frees its slot.
+    static void write_part(Part& part) {
+        uint64_t filled = part.filled;
+        while (filled != 0) {
+            const int begin = std::countr_zero(filled);
+            const int count = std::countr_one(filled >> begin);
+            std::memcpy(reinterpret_cast<void*>(part.line + uintptr_t(begin)), part.bytes + begin, size_t(count));
+            filled &= count + begin == 64 ? 0 : ~uint64_t(0) << (begin + count);
+        }
+        part = Part{};
+    }
+
+    Part parts_[kParts];
+    int oldest_ = 0;
+};
 
 // How one slab's rows are cut into stretches of work for the threads.
 //
@@ -768,16 +917,23 @@ private:
                                                pick_row_kernel<Storage>(plan.style, plan.k, plan.rotary_dim)};
         const RowShape shape{plan.pairs, plan.rotary_dim, plan.head_dim};
         const int64_t slabs = split.position_rows * split.slabs_per_row;
-        // Large out-of-place float32 calls stream their rows out (see
-        // stream_to_memory): each row is rotated into a buffer in L1, then written whole.
+        // Large out-of-place float32 calls with half-split pairs stream their rows
+        // out (see LineStreamer): each row is rotated into a buffer in L1, then
+        // written by whole lines. Not the others (one thread on the 2-core VM,
+        // alternating runs, median of 3 each, % of the ceiling): fp32 interleaved
+        // rows lost 3 and 13 points at [1,32,4096,128] and [8,32,1024,128] (48 vs
+        // 51, 44 vs 56), bf16 11 (32 vs 43); half-split fp32 gained 3 and 7 (56 vs
+        // 53, 64 vs 57).
         const bool contiguous_outputs = plan.q.out_geometry.stride_dim == 1 && plan.k.out_geometry.stride_dim == 1;
         const int64_t output_bytes = (plan.q.out_geometry.numel() + plan.k.out_geometry.numel()) * int64_t(sizeof(Storage));
-        const bool streaming = std::is_same_v<Storage, float> && plan.q.out != plan.q.in && contiguous_outputs &&
+        const bool streaming = std::is_same_v<Storage, float> && plan.style == Style::half_split &&
+                               plan.q.out != plan.q.in && contiguous_outputs &&
                                plan.head_dim <= kMaxWidenedDim && output_bytes > streaming_output_bytes();
 
 #pragma omp parallel num_threads(team)
         {
             alignas(64) Storage finished_row[kMaxWidenedDim];  // This thread's, for streaming.
+            LineStreamer streamer;
             for (int64_t slab_index = 0; slab_index < slabs; ++slab_index) {
                 const Slab slab = split.slab(slab_index);
                 // All threads compute the slab's table together; the loop's implicit
@@ -809,13 +965,13 @@ private:
                         const int64_t entry = walk.table_row(row) * plan.pairs;
                         if (streaming) {
                             row.row.kernel(row.row.in, {finished_row, 1}, cos + entry, sin + entry, shape);
-                            stream_to_memory(finished_row, row.row.out.data, plan.head_dim * int64_t(sizeof(Storage)));
+                            streamer.write(finished_row, row.row.out.data, plan.head_dim * int64_t(sizeof(Storage)));
                         } else {
                             row.row.kernel(row.row.in, row.row.out, cos + entry, sin + entry, shape);
                         }
                         if (i + 1 < rows) walk.advance(row);
                     }
-                    if (streaming) finish_streaming();
+                    if (streaming) streamer.finish();
                 }
             }
         }

@@ -204,13 +204,39 @@ TEST_CASE("large: fp16 and bf16: whole-row rounding gives the references' bits f
 // checks that both wrote the same bits. With a caller's table both backends multiply the
 // very same float32 numbers, so any difference is a rounding of cpu-eigen's own: a
 // multiply fused with an add (FMA, one rounding instead of two) in one of its SIMD clones,
-// a conversion that rounds differently, or a row its streaming stores got wrong.
+// a conversion that rounds differently, or a row its streaming stores got wrong. @p outputs
+// arranges q_out and k_out (misaligned or padded rows leave parts of cache lines open).
 namespace {
+// Overwrites some of a dense fp16 or bf16 tensor's elements with values whose rotation
+// ends subnormal (subnormal and the smallest normal inputs), NaN or infinite: one NaN
+// or infinity per row at most, at feature 0, so that no pair holds two NaNs (whose
+// result may keep either one's sign).
+void plant_special_values(testing::HostTensor& tensor, int64_t head_dim) {
+    for (size_t e = 0; e < tensor.storage.size(); ++e) {
+        const uint16_t sign = (e / 3) % 2 == 0 ? 0 : 0x8000;
+        const int64_t feature = int64_t(e) % head_dim, row = int64_t(e) / head_dim;
+        if (feature == 0 && row % 4 == 1) tensor.storage[e] = uint16_t(sign | 0x7fc1);  // Quiet NaN, for either type.
+        else if (feature == 0 && row % 4 == 3) tensor.storage[e] = uint16_t(sign | 0x7f80);  // bf16 inf, fp16 NaN.
+        else if (feature != 0 && e % 3 == 0) tensor.storage[e] = uint16_t(sign | (1 + e % 0x7f));  // Subnormal.
+        else if (feature != 0 && e % 3 == 1) tensor.storage[e] = uint16_t(sign | (0x80 + e % 0x80));  // Small normal.
+    }
+}
+
 void check_eigen_gives_naive_bits(rope::Backend& eigen, const rope::RopeConfig& config, rope::DType dtype,
-                                  std::array<int64_t, 4> q_shape, std::array<int64_t, 4> k_shape, bool in_place) {
+                                  std::array<int64_t, 4> q_shape, std::array<int64_t, 4> k_shape, bool in_place,
+                                  testing::Arrangement outputs = testing::Arrangement::dense,
+                                  bool special_values = false) {
     auto naive = rope::make_backend("cpu-naive");
     std::uniform_real_distribution<float> entry(-1.0f, 1.0f);
     testing::Call call = testing::make_call(config, dtype, rope::Layout::bhsd, q_shape, k_shape);
+    if (outputs != testing::Arrangement::dense) {
+        const testing::StorageOptions in{}, out{outputs, 3};
+        testing::arrange(call, {in, in, out, out}, testing::rng());
+    }
+    if (special_values) {
+        plant_special_values(call.q, config.head_dim);
+        plant_special_values(call.k, config.head_dim);
+    }
     call.in_place = in_place;
     const int64_t rows = q_shape[2];  // positions 0..seq-1
     call.table.resize(size_t(rows * config.rotary_dim));
@@ -242,11 +268,29 @@ TEST_CASE("fp32, fp16 and bf16 rows: cpu-eigen gives cpu-naive's bits when both 
                 }
 }
 
+TEST_CASE("fp16 and bf16 rows ending subnormal, NaN or infinite: cpu-eigen gives cpu-naive's bits") {
+    // The AVX-512 kernels round sixteen lanes at a time, bf16 with the processor's instruction
+    // where it has one, which reads subnormals as zero: such lanes must round as rope does.
+    auto eigen = testing::backend_or_skip("cpu-eigen");
+    if (!eigen) return;
+    for (rope::DType dtype : {rope::DType::f16, rope::DType::bf16})
+        for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved})
+            for (bool in_place : {false, true}) {
+                CAPTURE(rope::dtype_name(dtype));
+                CAPTURE(int(style));
+                CAPTURE(in_place);
+                const rope::RopeConfig config{.head_dim = 128, .rotary_dim = 128, .style = style};
+                check_eigen_gives_naive_bits(*eigen, config, dtype, {2, 4, 37, 128}, {2, 2, 37, 128}, in_place,
+                                             testing::Arrangement::dense, true);
+            }
+}
+
 TEST_SUITE("large") {
 TEST_CASE("large: cpu-eigen's streamed float32 outputs (more than the last-level cache) give cpu-naive's bits") {
-    // cpu-eigen writes the rows of an out-of-place float32 call with streaming stores once the
-    // outputs exceed the last-level cache the processor reports (32 MiB where it reports none):
-    // outputs here just above that, 300 MiB to 1 GiB in all on today's machines.
+    // cpu-eigen writes the rows of an out-of-place float32 half-split call with streaming stores
+    // once the outputs exceed the last-level cache the processor reports (32 MiB where it reports
+    // none): outputs here just above that, 300 MiB to 1 GiB in all on today's machines.
+    // Interleaved pairs are written normally; both styles are checked.
     auto eigen = testing::backend_or_skip("cpu-eigen");
     if (!eigen) return;
     long reported = 0;
@@ -262,11 +306,17 @@ TEST_CASE("large: cpu-eigen's streamed float32 outputs (more than the last-level
     const int64_t heads = 32, head_dim = 128;
     const int64_t bytes_per_token = 2 * heads * head_dim * int64_t(sizeof(float));  // q_out and k_out
     const int64_t tokens = cache / bytes_per_token + 1;
-    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
-        CAPTURE(int(style));
-        const rope::RopeConfig config{.head_dim = head_dim, .rotary_dim = head_dim, .style = style};
-        check_eigen_gives_naive_bits(*eigen, config, rope::DType::f32, {1, heads, tokens, head_dim},
-                                     {1, heads, tokens, head_dim}, false);
-    }
+    // Dense outputs from malloc start 16 bytes past a page, misaligned ones 4 bytes further;
+    // padded rows are not adjacent, so the open parts of their lines never complete.
+    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved})
+        for (testing::Arrangement outputs :
+             {testing::Arrangement::dense, testing::Arrangement::misaligned, testing::Arrangement::padded}) {
+            CAPTURE(int(style));
+            const std::string arrangement = testing::arrangement_name(outputs);
+            CAPTURE(arrangement);
+            const rope::RopeConfig config{.head_dim = head_dim, .rotary_dim = head_dim, .style = style};
+            check_eigen_gives_naive_bits(*eigen, config, rope::DType::f32, {1, heads, tokens, head_dim},
+                                         {1, heads, tokens, head_dim}, false, outputs);
+        }
 }
 }  // TEST_SUITE("large")
