@@ -7,8 +7,10 @@ through each Python path, for each host backend.
 
 Rows: torch.ops.rope.apply_ (the registered operator: PyTorch's dispatcher, then
 rope's C++ kernel where rope/_torch_ops.so is loaded, else the Python custom_op;
-the first line says which), rope.ops.rope_ (eager: the kernel launched directly
-through rope._rope), rope.apply (the generic DLPack entry point). The same q and
+the first line says which), rope.ops.rope_ (eager: that C++ kernel without the
+dispatcher, rope._torch_ops.apply_), rope.ops.rope_ (DLPack) (the same call
+through rope._rope, as rope_ makes it where the library is not loaded),
+rope.apply (the generic DLPack entry point). The same q and
 k every call, so the data stays in cache: the numbers are per-call overhead plus a
 cache-hot kernel. The paths are timed in interleaved rounds (timeit, --calls calls
 each) and the median over rounds is printed, so that a machine shared with other
@@ -42,6 +44,8 @@ def main():
             "torch.ops.rope.apply_": lambda: torch.ops.rope.apply_(q, k, key, 0, None, None, None, 1, 0, None, "bhsd",
                                                                    False, backend, 0),
             "rope.ops.rope_": lambda: ops.rope_(q, k, config, positions=0, backend=backend),
+            "rope.ops.rope_ (DLPack)": lambda: ops._launch(q, k, None, None, config._native, 0, None, None, None, 1,
+                                                           0, None, "bhsd", False, backend, 0),
             "rope.apply": lambda: rope.apply(q, k, config, positions=0, backend=backend),
         }
         times = {name: [] for name in calls}
@@ -49,7 +53,7 @@ def main():
             for name, call in calls.items():
                 times[name].append(1e6 * timeit.timeit(call, number=args.calls) / args.calls)
         for name, us in times.items():
-            print(f"  {backend:10} {name:22} {statistics.median(us):7.2f} us  (fastest round {min(us):.2f})")
+            print(f"  {backend:10} {name:24} {statistics.median(us):7.2f} us  (fastest round {min(us):.2f})")
 
 
 if __name__ == "__main__":

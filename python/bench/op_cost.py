@@ -6,7 +6,10 @@ next to rope-bench's C++ call, timed the same way in the same run.
 
 Rows (fp32, neox, in place, k with 32 heads as rope-bench's default, positions 0):
   rope-bench            the C++ Backend::run of a prebuilt plan (bench/main.cpp)
-  rope.ops.rope_        the Python function in eager code: launches the kernel directly
+  rope.ops.rope_        the Python function in eager code: the operator's C++ kernel called
+                        without the dispatcher (rope._torch_ops.apply_, python/torch_ops/eager.cpp)
+  rope.ops.rope_ (DLPack) the same call the way rope_ makes it where rope/_torch_ops.so is not
+                        loaded: through rope._rope and DLPack capsules (rope.ops._launch)
   torch.ops.rope.apply_ the registered operator: PyTorch's C++ dispatcher, then rope's C++
                         kernel (python/torch_ops/); its status says so, or that the
                         library was not loaded and the Python custom_op was timed instead
@@ -43,6 +46,8 @@ def python_rows(dtype):
     key = config.key
     calls = {
         "rope.ops.rope_": lambda i: ops.rope_(sets.q[i], sets.k[i], config, positions=0),
+        "rope.ops.rope_ (DLPack)": lambda i: ops._launch(sets.q[i], sets.k[i], None, None, config._native, 0, None,
+                                                         None, None, 1, 0, None, "bhsd", False, "", 0),
         "torch.ops.rope.apply_": lambda i: torch.ops.rope.apply_(sets.q[i], sets.k[i], key, 0, None, None, None,
                                                                  1, 0, None, "bhsd", False, "cuda-optimized", 0),
         "torch.ops.aten.copy_": lambda i: torch.ops.aten.copy_.default(sets.q[i], sets.k[i]),

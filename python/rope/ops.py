@@ -9,7 +9,9 @@ registers two operators:
   (no autograd). It is registered in C++ (python/torch_ops/: TORCH_LIBRARY, loaded
   from rope/_torch_ops.so), so a call goes from Python through PyTorch's C++
   dispatcher to rope's kernel with no Python in between; registered in Python
-  (torch.library.custom_op) the dispatch cost about 17 us per call. Where the
+  (torch.library.custom_op) the dispatch cost about 17 us per call. In plain
+  eager code rope_ calls the same C++ kernel without the dispatcher
+  (rope._torch_ops.apply_, python/torch_ops/eager.cpp). Where the
   library was not built (PyTorch missing at build time, e.g. ``pip install .``
   in an isolated build environment) or was built for another PyTorch version,
   the same schema is registered with custom_op instead (``CPP_OPERATOR`` says which).
@@ -82,11 +84,11 @@ def _launch(q: Tensor, k: Optional[Tensor], q_out: Optional[Tensor], k_out: Opti
 
 
 # --- rope::apply_: in place ------------------------------------------------------------------
-def _load_cpp_operator() -> Optional[str]:
-    """Loads rope/_torch_ops.so, which registers rope::apply_ in C++; its path, or None where it cannot be used.
+def _load_cpp_operator() -> Any:
+    """Imports rope._torch_ops, which registers rope::apply_ in C++; the module, or None where it cannot be used.
 
     The library is tied to the PyTorch it was compiled against (PyTorch's C++ API
-    changes between versions): it is loaded only into that version, else a warning
+    changes between versions): it is imported only into that version, else a warning
     says so and the operator is registered in Python. ROPE_PYTHON_OPERATOR=1 asks
     for the Python registration (to compare the two).
     """
@@ -101,12 +103,14 @@ def _load_cpp_operator() -> Optional[str]:
                       "torch.ops.rope.apply_ is registered in Python instead (slower per call); reinstall rope "
                       "against this PyTorch to get the C++ operator", RuntimeWarning)
         return None
-    torch.ops.load_library(str(library))
-    return str(library)
+    from . import _torch_ops  # Loading it runs its TORCH_LIBRARY registration.
+    return _torch_ops
 
+
+_cpp_operator = _load_cpp_operator()
 
 #: The path of the C++ operator library in use, or None where rope::apply_ is registered in Python.
-CPP_OPERATOR: Optional[str] = _load_cpp_operator()
+CPP_OPERATOR: Optional[str] = None if _cpp_operator is None else str(pathlib.Path(_cpp_operator.__file__).resolve())
 
 
 def _apply_in_place(q: Tensor, k: Optional[Tensor], config: str, offset: int, ids: Optional[Tensor],
@@ -199,21 +203,26 @@ def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None,
     ids tensor; layout, cu_seqlens, starts, cp, cos_sin_cache, inverse,
     backend, max_position). The kernel runs on PyTorch's current stream. Under
     torch.compile (or any tracing) the call is the operator torch.ops.rope.apply_;
-    in plain eager code the kernel is launched directly through rope._rope,
-    without PyTorch's dispatcher.
+    in plain eager code the same kernel is called without PyTorch's dispatcher
+    (its q and k version counters move as the operator's do).
     """
     offset, ids, cu, st, cp_size, cp_rank, layout, backend = _arguments(q, config, positions, layout, cu_seqlens,
                                                                          starts, cp, backend)
     if _eager(q):
         # In plain eager code, where nothing traces or transforms the call, the
-        # kernel is launched directly: the same call without PyTorch's dispatcher,
-        # which costs a few microseconds even with the C++ kernel (parsing 14
-        # arguments against the schema, then three dispatch keys), and tens with the
-        # Python fallback. On the 2-core CI machine, [1,32,1,128] fp32 on cpu-eigen:
-        # 9.6 us through torch.ops.rope.apply_ (33 us with custom_op), 8.8 us this
-        # way; on a GPU: python/bench/op_cost.py.
-        _launch(q, k, None, None, config._native, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
-                bool(inverse), backend, int(max_position))
+        # kernel is called without PyTorch's dispatcher, which costs a few
+        # microseconds even with the C++ kernel (parsing 14 arguments against the
+        # schema, then three dispatch keys), and tens with the Python fallback:
+        # through the C++ library's own entry (python/torch_ops/eager.cpp: the
+        # operator's kernel, at::Tensor in hand) where it is loaded, else through
+        # rope._rope and DLPack. On a GPU: python/bench/op_cost.py; on the host:
+        # python/bench/host_op_cost.py.
+        if _cpp_operator is not None:
+            _cpp_operator.apply_(q, k, config.key, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
+                                 bool(inverse), backend, int(max_position))
+        else:
+            _launch(q, k, None, None, config._native, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
+                    bool(inverse), backend, int(max_position))
     else:
         torch.ops.rope.apply_(q, k, config.key, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
                               bool(inverse), backend, int(max_position))

@@ -244,6 +244,45 @@ def test_in_place_operator_moves_the_version_counters():
         saved.sum().backward()
 
 
+def test_eager_rope_is_the_cpp_kernel_without_the_dispatcher():
+    # rope.ops.rope_ in eager code calls rope._torch_ops.apply_ (python/torch_ops/eager.cpp): the
+    # operator's kernel with the same results, the same version-counter moves, rope.Error for bad input.
+    if not CPP_EXPECTED:
+        pytest.skip("rope/_torch_ops.so was not built (PyTorch absent at build time): rope_ uses rope._rope")
+    if os.environ.get("ROPE_PYTHON_OPERATOR") == "1":
+        pytest.skip("ROPE_PYTHON_OPERATOR=1 asks for the Python operator")
+    config = rope.Config(head_dim=32, style="gptj", base=500.0)
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 4, 8, 32, generator=g), torch.randn(2, 2, 8, 32, generator=g)
+    ids = torch.randint(0, 500, (8,), generator=g)
+    want_q, want_k = q.clone(), k.clone()
+    torch.ops.rope.apply_(want_q, want_k, config.key, 0, ids, None, None, 1, 0, None, "bhsd", False, "cpu-naive", 0)
+    versions = q._version, k._version
+    ops.rope_(q, k, config, positions=ids, backend="cpu-naive")
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    assert (q._version, k._version) == (versions[0] + 1, versions[1] + 1)
+    # Inference tensors carry no version counter: rotated inside torch.inference_mode(); outside it
+    # refused by both, as PyTorch refuses its own in-place operators there, before anything is written.
+    with torch.inference_mode():
+        a, b = torch.randn(1, 2, 4, 32, generator=g), torch.randn(1, 2, 4, 32, generator=g)
+        want_a, want_b = a.clone(), b.clone()
+        ops.rope_(a, b, config, positions=3)
+        torch.ops.rope.apply_(want_a, want_b, config.key, 3, None, None, None, 1, 0, None, "bhsd", False, "", 0)
+    assert torch.equal(a, want_a) and torch.equal(b, want_b)
+    expected = "k = an inference tensor: is rotated in place outside torch.inference_mode()"
+    for call in (lambda: ops.rope_(q, a, config, positions=3),
+                 lambda: torch.ops.rope.apply_(q, a, config.key, 3, None, None, None, 1, 0, None, "bhsd", False, "",
+                                               0)):
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            call()
+        assert torch.equal(q, want_q) and torch.equal(a, want_a)
+    # Only torch tensors: anything else is named, and nothing is written.
+    q_before = q.clone()
+    with pytest.raises(rope.Error, match=re.escape("k = numpy.ndarray: must be a torch.Tensor")):
+        ops.rope_(q, k.numpy(), config, positions=ids)
+    assert torch.equal(q, q_before)
+
+
 def test_python_operator_still_works_where_the_library_is_not_used():
     # ROPE_PYTHON_OPERATOR=1 registers rope::apply_ with custom_op, as on a build without the
     # library: same schema, same results, opcheck passes.

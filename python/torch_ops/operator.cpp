@@ -19,11 +19,13 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include <ATen/DLConvertor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
 #include "config_key.hpp"
@@ -59,8 +61,6 @@ rope_python::Array array_of(const char* name, const at::Tensor& tensor, bool wri
     return array;
 }
 
-void run_host(const KeyedConfig& keyed, rope_python::Call& call) { run_plan(keyed, call, false); }
-
 // --- Autograd and ADInplaceOrView: what custom_op registered for the Python operator ------
 // Not differentiable (rope::apply, the functional operator, is): below autograd, as custom_op's
 // forward_no_grad runs it, so a tensor that requires grad is rotated without a graph.
@@ -83,6 +83,29 @@ void bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
 }
 
 }  // namespace
+
+void run_host(const KeyedConfig& keyed, rope_python::Call& call) { run_plan(keyed, call, false); }
+
+void rotate(Runner run, const at::Tensor& q, const std::optional<at::Tensor>& k, std::string_view config,
+            int64_t offset, const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& cu_seqlens,
+            const std::optional<at::Tensor>& starts, int64_t cp_size, int64_t cp_rank,
+            const std::optional<at::Tensor>& cos_sin_cache, std::string_view layout, bool inverse,
+            std::string_view backend, int64_t max_position) {
+    // An inference tensor has no version counter, and PyTorch allows no in-place update of one outside
+    // torch.inference_mode(): refused here, before the rotation, rather than by the version bump after it.
+    if (!c10::InferenceMode::is_enabled()) {
+        for (const auto& [name, tensor] : {std::pair{"q", &q}, std::pair{"k", k ? &*k : nullptr}}) {
+            if (tensor != nullptr && tensor->is_inference())
+                rope::fail(name, "an inference tensor",
+                           "is rotated in place outside torch.inference_mode(), which PyTorch does not allow: "
+                           "clone it first, or call inside torch.inference_mode()");
+        }
+    }
+    const KeyedConfig& keyed = config_for_key(config);
+    const rope_python::CallOptions options{backend, layout, offset, cp_size, cp_rank, max_position, inverse, 0};
+    rope_python::Call call = prepare(keyed.config, q, k, ids, cu_seqlens, starts, cos_sin_cache, options);
+    run(keyed, call);
+}
 
 const KeyedConfig& config_for_key(std::string_view key) {
     // This thread's last key and its entry: a model passes one key (or a few) on every call, and

@@ -1,10 +1,10 @@
 #pragma once
 // torch.ops.rope.apply_, the kernel: PyTorch tensors in, one rope call.
 //
-// The kernel is written once, as a template over what runs the prepared call
+// The kernel is written once (rotate), over what runs the prepared call
 // (run_host in operator.cpp; run_cuda in operator_cuda.cpp, which adds
-// PyTorch's device guard and current stream), and each file registers its
-// instance for its dispatch key. The tensors are checked by the same code as
+// PyTorch's device guard and current stream); each file registers its
+// instance for its dispatch key, and eager.cpp calls it without the dispatcher. The tensors are checked by the same code as
 // rope.apply's arrays (python/src/call_args.hpp), so the messages are the same.
 // The call is rope::apply's two steps (make_plan, then the backend's run), taken
 // here so that what is known beforehand is not recomputed per call: the
@@ -53,6 +53,23 @@ void run_plan(const KeyedConfig& keyed, const rope_python::Call& call, bool poin
 /// What runs a prepared call on its device.
 using Runner = void (*)(const KeyedConfig& keyed, rope_python::Call& call);
 
+/// Runs a prepared call on the host (rope::apply's checks refuse CUDA tensors for a host backend).
+void run_host(const KeyedConfig& keyed, rope_python::Call& call);
+#if ROPE_TORCH_OPS_CUDA
+/// Runs a prepared call on the CUDA device of its tensors, on PyTorch's current stream there
+/// (operator_cuda.cpp); a call without CUDA tensors runs as run_host.
+void run_cuda(const KeyedConfig& keyed, rope_python::Call& call);
+#endif
+
+/// rope::apply_'s work, whoever calls it (the dispatcher's kernel below, or the eager entry of
+/// eager.cpp): checks every argument, then runs the call with @p run. Throws rope::Error, naming
+/// the bad argument, before anything is written.
+void rotate(Runner run, const at::Tensor& q, const std::optional<at::Tensor>& k, std::string_view config,
+            int64_t offset, const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& cu_seqlens,
+            const std::optional<at::Tensor>& starts, int64_t cp_size, int64_t cp_rank,
+            const std::optional<at::Tensor>& cos_sin_cache, std::string_view layout, bool inverse,
+            std::string_view backend, int64_t max_position);
+
 inline std::string_view view(c10::string_view text) { return {text.data(), text.size()}; }
 
 /// rope::apply_ for one dispatch key. A rope::Error becomes c10::ValueError
@@ -65,11 +82,8 @@ void apply_in_place(const at::Tensor& q, const std::optional<at::Tensor>& k, c10
                     const std::optional<at::Tensor>& cos_sin_cache, c10::string_view layout, bool inverse,
                     c10::string_view backend, int64_t max_position) {
     try {
-        const KeyedConfig& keyed = config_for_key(view(config));
-        const rope_python::CallOptions options{view(backend), view(layout), offset,  cp_size,
-                                               cp_rank,       max_position, inverse, 0};
-        rope_python::Call call = prepare(keyed.config, q, k, ids, cu_seqlens, starts, cos_sin_cache, options);
-        run(keyed, call);
+        rotate(run, q, k, view(config), offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache, view(layout),
+               inverse, view(backend), max_position);
     } catch (const rope::Error& error) {
         TORCH_CHECK_VALUE(false, error.what());
     }

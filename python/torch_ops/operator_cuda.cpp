@@ -10,7 +10,6 @@
 #include <torch/library.h>
 
 namespace rope_torch {
-namespace {
 
 void run_cuda(const KeyedConfig& keyed, rope_python::Call& call) {
     if (call.cuda_device < 0) {  // A host backend, or no CUDA tensor for a CUDA backend: make_plan says which.
@@ -27,7 +26,6 @@ void run_cuda(const KeyedConfig& keyed, rope_python::Call& call) {
     run_plan(keyed, call, true);
 }
 
-}  // namespace
 }  // namespace rope_torch
 
 TORCH_LIBRARY_IMPL(rope, CUDA, m) {
