@@ -20,7 +20,8 @@
 /// read its operands over the host bus would run many times slower.
 ///
 /// One caller is trusted instead of asked about: the PyTorch operator
-/// (torch.ops.rope.apply_, python/torch_ops/). A PyTorch tensor carries its device
+/// (torch.ops.rope.apply_, python/torch_ops/; rope.ops.rope_ calls its kernel directly in
+/// eager code). A PyTorch tensor carries its device
 /// (tensor.device()), as authoritative as the driver's answer for memory PyTorch
 /// allocated: the operator checks that every tensor of the call is a CUDA tensor
 /// of one device, makes that device current (its device guard) and sets

@@ -22,12 +22,16 @@ Rows (fp32, neox, in place, k with 32 heads as rope-bench's default, positions 0
   rope.ops.rope         the functional, differentiable operator (allocates its outputs)
 each with events timing (back-to-back calls: includes the host's cost per call
 when it exceeds the GPU's) and graph timing (CUDA-graph replay: the GPU's work
-alone), plus the copy ceiling. Writes OUTDIR/op_cost.csv and prints it.
+alone), plus the copy ceiling (% of copy: against the faster of its two medians;
+rope-bench's rows against rope-bench's own ceiling). Every row is timed once per
+round, rounds interleaved (--rounds, default 3): the median over rounds and the
+fastest and slowest round. Writes OUTDIR/op_cost.csv and prints it.
 """
 
 import argparse
 import csv
 import os
+import statistics
 import subprocess
 import sys
 
@@ -35,16 +39,16 @@ import torch
 
 import rope
 from rope import ops
-from timing import TIMINGS, Sets, ceiling_us
+from timing import TIMINGS, Sets
 
 SHAPE = (1, 32, 1, 128)
 
 
-def python_rows(dtype):
-    sets = Sets(SHAPE, SHAPE, dtype)
+def python_calls(sets):
+    """The Python rows' calls on the sets (call(i) uses set i)."""
     config = rope.Config(head_dim=SHAPE[3])
     key = config.key
-    calls = {
+    return {
         "rope.ops.rope_": lambda i: ops.rope_(sets.q[i], sets.k[i], config, positions=0),
         "rope.ops.rope_ (DLPack)": lambda i: ops._launch(sets.q[i], sets.k[i], None, None, config._native, 0, None,
                                                          None, None, 1, 0, None, "bhsd", False, "", 0),
@@ -53,65 +57,97 @@ def python_rows(dtype):
         "torch.ops.aten.copy_": lambda i: torch.ops.aten.copy_.default(sets.q[i], sets.k[i]),
         "rope.apply": lambda i: rope.apply(sets.q[i], sets.k[i], config, positions=0),
         "rope.ops.rope": lambda i: ops.rope(sets.q[i], sets.k[i], config, positions=0),
-        "copy (ceiling)": sets.copy,
+        COPY: sets.copy,
     }
-    # The operator timed must be the C++ one (rope/_torch_ops.so); a row says so when it is not.
-    operator = "ok" if ops.CPP_OPERATOR else "ok (Python custom_op: rope/_torch_ops.so not loaded)"
-    rows = []
-    ceiling, _ = ceiling_us(sets)
+
+
+COPY = "copy (ceiling)"
+ROPE_BENCH = "rope-bench (C++)"
+
+
+def python_round(sets, calls, samples, failures):
+    """One round: every Python row, each timing, appended to samples[(what, timing)] in microseconds."""
     for timing, measure in TIMINGS.items():
         for name, call in calls.items():
             try:
                 us = measure(call, sets.count)
-                rows.append(dict(what=name, timing=timing, median_us=f"{us:.2f}",
-                                 pct_of_copy=f"{100 * ceiling / us:.1f}", sets=sets.count,
-                                 status=operator if name == "torch.ops.rope.apply_" else "ok"))
             except Exception as error:  # one row's failure (e.g. a capture PyTorch refuses) is reported, not fatal
-                rows.append(dict(what=name, timing=timing, median_us="", pct_of_copy="", sets=sets.count,
-                                 status=f"failed: {type(error).__name__}: {error}"[:200]))
-    return rows
+                failures[(name, timing)] = f"failed: {type(error).__name__}: {error}"[:200]
+                continue
+            samples.setdefault((name, timing), []).append(us)
 
 
-def rope_bench_rows(rope_bench):
-    rows = []
+def rope_bench_round(rope_bench, samples, percents, failures):
+    """One round of rope-bench's C++ call, each timing: its median and its % of its own ceiling."""
     for timing, flag in (("events", []), ("graph", ["--graph"])):
         command = [rope_bench, "--backend", "cuda-optimized", "--shape", ",".join(map(str, SHAPE)), "--kv-heads",
                    str(SHAPE[1]), "--dtype", "fp32", "--reps", "30", "--format", "csv", *flag]
         result = subprocess.run(command, capture_output=True, text=True)
         lines = [line for line in result.stdout.splitlines() if line.strip()]
-        if result.returncode != 0 or len(lines) < 2:
-            rows.append(dict(what="rope-bench (C++)", timing=timing, status=f"failed: {result.stderr[-200:]}"))
+        records = list(csv.DictReader(lines)) if result.returncode == 0 else []
+        if not records or records[0]["status"] != "ok":
+            failures[(ROPE_BENCH, timing)] = f"failed: {result.stderr[-200:]}"
             continue
-        for record in csv.DictReader(lines):
-            rows.append(dict(what="rope-bench (C++)", timing=record.get("timing", timing),
-                             median_us=record["median_us"], pct_of_copy=record["pct_of_copy"], sets=record["sets"],
-                             status=record["status"]))
-    return rows
+        samples.setdefault((ROPE_BENCH, timing), []).append(float(records[0]["median_us"]))
+        percents.setdefault(timing, []).append(float(records[0]["pct_of_copy"]))
+        percents["sets"] = records[0]["sets"]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("outdir")
     parser.add_argument("--rope-bench", help="path of rope-bench, for the C++ rows")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds, each timing every row once (rope-bench first): medians over rounds")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
         return 77
-    rows = python_rows(torch.float32)
-    if args.rope_bench:
-        rows = rope_bench_rows(args.rope_bench) + rows
+    sets = Sets(SHAPE, SHAPE, torch.float32)
+    calls = python_calls(sets)
+    samples, percents, failures = {}, {}, {}
+    # Interleaved: the host's speed drifts by a microsecond or more within minutes, and a
+    # row timed minutes after another would carry that drift into their difference.
+    for _ in range(args.rounds):
+        if args.rope_bench:
+            rope_bench_round(args.rope_bench, samples, percents, failures)
+        python_round(sets, calls, samples, failures)
+
+    median = {key: statistics.median(times) for key, times in samples.items()}
+    copies = [median[(COPY, timing)] for timing in TIMINGS if (COPY, timing) in median]
+    ceiling = min(copies) if copies else None
+    # The operator timed must be the C++ one (rope/_torch_ops.so); a row says so when it is not.
+    operator = "ok" if ops.CPP_OPERATOR else "ok (Python custom_op: rope/_torch_ops.so not loaded)"
+    names = ([ROPE_BENCH] if args.rope_bench else []) + list(calls)
+    rows = []
+    for timing in TIMINGS:
+        for name in names:
+            key = (name, timing)
+            if key not in median:
+                rows.append(dict(what=name, timing=timing, status=failures.get(key, "failed")))
+                continue
+            pct = (statistics.median(percents[timing]) if name == ROPE_BENCH
+                   else 100 * ceiling / median[key] if ceiling else None)
+            rows.append(dict(what=name, timing=timing, median_us=f"{median[key]:.2f}",
+                             pct_of_copy="" if pct is None else f"{pct:.1f}",
+                             sets=percents.get("sets", "") if name == ROPE_BENCH else sets.count,
+                             rounds=len(samples[key]), us_min=f"{min(samples[key]):.2f}",
+                             us_max=f"{max(samples[key]):.2f}",
+                             status=(f"{len(samples[key])} of {args.rounds} rounds; {failures[key]}" if key in failures
+                                     else operator if name == "torch.ops.rope.apply_" else "ok")))
     os.makedirs(args.outdir, exist_ok=True)
     path = os.path.join(args.outdir, "op_cost.csv")
-    columns = ["what", "timing", "median_us", "pct_of_copy", "sets", "status"]
+    columns = ["what", "timing", "median_us", "pct_of_copy", "sets", "rounds", "us_min", "us_max", "status"]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, columns)
         writer.writeheader()
         writer.writerows({c: row.get(c, "") for c in columns} for row in rows)
     print(f"decode [1,32,1,128] fp32, {torch.cuda.get_device_name()}; torch.ops.rope.apply_ from "
-          f"{ops.CPP_OPERATOR or 'Python (custom_op)'}:")
+          f"{ops.CPP_OPERATOR or 'Python (custom_op)'}; medians of {args.rounds} interleaved rounds:")
     for row in rows:
         print(f"  {row['what']:<24} {row['timing']:<7} {row.get('median_us', ''):>8} us  "
-              f"{row.get('pct_of_copy', ''):>6}% of copy  {row.get('status', '')}")
+              f"({row.get('us_min', '')}-{row.get('us_max', '')})  {row.get('pct_of_copy', ''):>6}% of copy  "
+              f"{row.get('status', '')}")
     print(f"written: {path}")
     return 0
 
