@@ -1,7 +1,9 @@
-// rope-tune: times cuda-optimized's kernel under launch settings other than
+// rope-tune: times cuda-optimized's kernels under launch settings other than
 // the backend's defaults, beside the backend itself and a copy of the same
-// bytes, on the benchmark shapes. It is how the defaults in
-// cuda/optimized/backend.cu and unit_kernel.cuh were chosen; it is not a test.
+// bytes, on the benchmark shapes: on the large shapes the chunk kernel
+// (chunk_kernel.cuh) beside the unit kernel, and the unit kernel's launch
+// settings. It is how the choices in cuda/optimized/backend.cu and
+// unit_kernel.cuh were made; it is not a test.
 //
 //   rope-tune [--focus]  prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy
 //
@@ -29,6 +31,8 @@
 #include "cuda_timing.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/rope.hpp"
+#include "chunk_kernel.cuh"
+#include "device_launch.cuh"
 #include "row_access.cuh"
 #include "unit_kernel.cuh"
 
@@ -173,6 +177,21 @@ void run_case(const Case& c, DType dtype, Style style, bool focus) {
                     results.push_back({name, us});
                 }
             };
+            // The two kernels of the bandwidth regime side by side: the chunk kernel, and the
+            // unit kernel with the backend's settings for it (whichever the backend picks is
+            // also the backend-default row).
+            using Path = VectorPath<Storage, kStyle, DefaultAccess>;
+            if (!c.small && chunk_kernel_suits<Path>(plans[0], device)) {
+                results.push_back({"chunk-kernel", time([&](int64_t call) {
+                                       launch_chunks<Storage, Path, 64>(plans[size_t(call % sets.sets)], device);
+                                   })});
+                LaunchSettings unit_settings;
+                unit_settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
+                results.push_back({"unit-kernel-backend-settings", time([&](int64_t call) {
+                                       launch_units<Storage, Path, 4, false, 1, 64>(plans[size_t(call % sets.sets)],
+                                                                                    device, unit_settings);
+                                   })});
+            }
             if (!focus) {
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 1>>("streaming");
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 2>>("streaming");

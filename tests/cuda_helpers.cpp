@@ -91,6 +91,13 @@ int current_device() {
     return device;
 }
 
+int multiprocessors() {
+    int count = 0;
+    check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, current_device()),
+          "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+    return count;
+}
+
 std::size_t free_device_memory() {
     std::size_t free = 0, total = 0;
     check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
@@ -125,6 +132,7 @@ PinnedHostMemory::~PinnedHostMemory() = default;
 DeviceScope::DeviceScope(int) { no_cuda(); }
 DeviceScope::~DeviceScope() = default;
 int current_device() { no_cuda(); }
+int multiprocessors() { no_cuda(); }
 std::size_t free_device_memory() { no_cuda(); }
 bool fail_an_allocation() { no_cuda(); }
 std::string pending_error() { no_cuda(); }

@@ -1,7 +1,7 @@
 #pragma once
 // The few CUDA runtime calls tests make themselves, beyond rope::Buffer:
-// streams, graph capture, page-locked host memory, the current device, free
-// device memory, and a deliberately failed allocation.
+// streams, graph capture, page-locked host memory, the current device and its
+// SM count, free device memory, and a deliberately failed allocation.
 //
 // The header is free of CUDA (handles are void*), so every test file stays
 // plain C++ compiled by the host compiler. cuda_helpers.cpp calls the runtime
@@ -75,6 +75,9 @@ private:
 
 // The current CUDA device (cudaGetDevice).
 int current_device();
+
+// Streaming multiprocessors of the current device (cudaDevAttrMultiProcessorCount).
+int multiprocessors();
 
 // Bytes of memory free on the current device (cudaMemGetInfo).
 std::size_t free_device_memory();

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "rope/detail/plan.hpp"
 #include "rope/dtype.hpp"
 #include "rope/rotation.hpp"
 #include "vector_layout.hpp"
@@ -215,5 +216,40 @@ struct GenericPath {
         row.out[feature * row.out_stride] = value;
     }
 };
+
+/// True when @p address is a multiple of 16 bytes.
+inline bool aligned16(const void* address) { return reinterpret_cast<uintptr_t>(address) % 16 == 0; }
+
+/// True when every row of @p g starting at @p data is contiguous and 16-byte aligned.
+template <typename Storage>
+bool rows_vectorizable(const void* data, const Geometry& g) {
+    if (g.stride_dim != 1 || !aligned16(data)) return false;
+    // A stride matters only along an axis with more than one index.
+    const int64_t axes[3][2] = {{g.batch, g.stride_batch}, {g.heads, g.stride_head}, {g.seq, g.stride_seq}};
+    for (const auto& axis : axes)
+        if (axis[0] > 1 && (axis[1] * int64_t(sizeof(Storage))) % 16 != 0) return false;
+    return true;
+}
+
+/// @brief Whether the 16-byte path can run @p plan (otherwise the generic path does).
+template <typename Storage>
+bool vector_path_fits(const Plan& plan) {
+    if (!splits_into_vectors(plan.rotary_dim, plan.head_dim, vector_width<Storage>())) return false;
+    for (const Operand* operand : {&plan.q, &plan.k}) {
+        if (operand->in_geometry.heads == 0) continue;
+        if (!rows_vectorizable<Storage>(operand->in, operand->in_geometry)) return false;
+        if (!rows_vectorizable<Storage>(operand->out, operand->out_geometry)) return false;
+    }
+    return true;
+}
+
+/// @brief Chunks per row for @p Path: rotating ones, plus pass-through ones when an operand
+/// has a separate output (in place, those features already are where they belong).
+template <typename Path>
+int64_t chunks_per_row(const Plan& plan) {
+    const bool copy_needed = (plan.q.in_geometry.heads > 0 && plan.q.in != plan.q.out) ||
+                             (plan.k.in_geometry.heads > 0 && plan.k.in != plan.k.out);
+    return plan.pairs / Path::kPairs + (copy_needed ? (plan.head_dim - plan.rotary_dim) / Path::kPassWidth : 0);
+}
 
 }  // namespace rope::cuda_detail

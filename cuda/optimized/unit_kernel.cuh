@@ -49,8 +49,10 @@
 #include <cstdint>
 
 #include "check.hpp"
+#include "device_launch.cuh"
 #include "fast_divisor.cuh"
 #include "kernel_args.cuh"
+#include "prologue.cuh"
 #include "rope/detail/pair_step.hpp"
 #include "row_access.cuh"
 
@@ -58,9 +60,6 @@ namespace rope::cuda_detail {
 
 /// Largest block the kernel is compiled for (its __launch_bounds__).
 inline constexpr int kMaxBlockThreads = 256;
-
-/// Thread slots of one SM on every GPU since Volta.
-inline constexpr int64_t kThreadSlotsPerSM = 2048;
 
 /// @brief Which neighbours the units of a block are (4. above): a unit is one token's
 /// slice of rows, and consecutive units go to neighbouring threads.
@@ -178,23 +177,6 @@ __device__ inline bool in_place(const UnitArgs<Capacity>& args, int64_t row) {
     return operand.in == operand.out;
 }
 
-/// @brief Waits, once per thread, until the previous kernel in the stream has
-/// finished and its writes are visible (programmatic dependent launch, 5. above).
-///
-/// Every global memory access of the kernel comes after a call to this; what
-/// comes before (index arithmetic, cos/sin of offset positions) overlaps the
-/// previous kernel's tail. Without programmatic launch the wait returns at once.
-struct PreviousGrid {
-    bool done = false;
-    /// Waits if this thread has not yet.
-    __device__ void wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (!done) asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-        done = true;
-    }
-};
-
 /// Rotates chunk @p chunk of the rows @p rows of token (b, s).
 ///
 /// Batches of RowsInFlight rows, loaded together before any is used. With
@@ -215,34 +197,10 @@ __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRo
                 batch[u] = Path::load(locate_row(args, token, rows.row(first + u)), chunk, args.rotary_dim);
     };
     // cos/sin of this thread's pairs at this token, computed once and reused
-    // for every row below (2. above). Positions given as an offset need no
-    // memory: compute them before waiting for the previous kernel (5. above).
-    // Positions in memory, written perhaps by that very kernel: wait, issue the
-    // position loads and then the first rows' loads, and compute as soon as the
-    // positions arrive, while the rows are still on their way (measured 1 to 2
-    // points faster than the rows first, with ids, tables and M-RoPE alike).
+    // for every row below (2. above), around the first batch's loads (5. above).
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
-    auto compute_factors = [&](const TokenPositions& positions) {
-        // With several axes, each pair's axis, read for the whole chunk at once: a warp's
-        // threads hold different pairs, and the constant bank serialises a warp's reads
-        // of different addresses.
-        uint8_t axis[Path::kPairs] = {};
-        if (args.axes > 1) Path::load_pair_axes(args.angles.pair_axis, chunk, args.rotary_dim, axis);
-#pragma unroll
-        for (int p = 0; p < Path::kPairs; ++p)
-            rotation_factors<DefaultAngleOnly>(args.angles, positions, axis[p], Path::pair_of(chunk, p, args.rotary_dim),
-                                               cos_angle[p], sin_angle[p]);
-    };
-    if (!args.positions_in_memory) {
-        compute_factors(token_positions(args.positions, args.axes, b, s));
-        previous.wait();
-        load_batch(current, 0);
-    } else {
-        previous.wait();
-        const TokenPositions positions = token_positions(args.positions, args.axes, b, s);
-        load_batch(current, 0);
-        compute_factors(positions);
-    }
+    load_with_factors<Path, DefaultAngleOnly>(args, b, s, chunk, previous, [&] { load_batch(current, 0); }, cos_angle,
+                                              sin_angle);
 
     for (int64_t first = 0;; first += RowsInFlight) {
         const bool more = first + RowsInFlight < rows.count;
@@ -297,11 +255,7 @@ template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int
           int Capacity>
 __global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
     rope_unit_kernel(const __grid_constant__ UnitArgs<Capacity> args) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Programmatic dependent launch (5. above): let the next kernel in the
-    // stream start its own prologue while this one runs.
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    allow_next_kernel();    // Programmatic dependent launch (5. above).
     PreviousGrid previous;  // Waited for before the first global memory access.
     const int64_t step = int64_t(gridDim.x) * blockDim.y;
     for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
@@ -328,68 +282,6 @@ __global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
                 copy_rows<Storage, Path, RowsInFlight>(args, token_start, rows, chunk - args.rotary_chunks, previous);
         }
     }
-}
-
-/// True when @p address is a multiple of 16 bytes.
-inline bool aligned16(const void* address) { return reinterpret_cast<uintptr_t>(address) % 16 == 0; }
-
-/// True when every row of @p g starting at @p data is contiguous and 16-byte aligned.
-template <typename Storage>
-bool rows_vectorizable(const void* data, const Geometry& g) {
-    if (g.stride_dim != 1 || !aligned16(data)) return false;
-    // A stride matters only along an axis with more than one index.
-    const int64_t axes[3][2] = {{g.batch, g.stride_batch}, {g.heads, g.stride_head}, {g.seq, g.stride_seq}};
-    for (const auto& axis : axes)
-        if (axis[0] > 1 && (axis[1] * int64_t(sizeof(Storage))) % 16 != 0) return false;
-    return true;
-}
-
-/// @brief Whether the 16-byte path can run @p plan (otherwise the generic path does).
-template <typename Storage>
-bool vector_path_fits(const Plan& plan) {
-    if (!splits_into_vectors(plan.rotary_dim, plan.head_dim, vector_width<Storage>())) return false;
-    for (const Operand* operand : {&plan.q, &plan.k}) {
-        if (operand->in_geometry.heads == 0) continue;
-        if (!rows_vectorizable<Storage>(operand->in, operand->in_geometry)) return false;
-        if (!rows_vectorizable<Storage>(operand->out, operand->out_geometry)) return false;
-    }
-    return true;
-}
-
-/// @brief What the launch needs to know about the current device.
-struct DeviceInfo {
-    int multiprocessors = 0;           ///< SMs (132 on an H200).
-    bool programmatic_launch = false;  ///< Compute capability >= 9.0: programmatic dependent launch.
-};
-
-/// @brief Reads DeviceInfo for CUDA device @p device (attribute queries only: no synchronisation).
-inline DeviceInfo device_info(int device) {
-    DeviceInfo info;
-    check_cuda(cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device),
-               "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
-    int major = 0;
-    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-               "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)");
-    info.programmatic_launch = major >= 9;
-    return info;
-}
-
-/// @brief Chunks per row for @p Path: rotating ones, plus pass-through ones when an operand
-/// has a separate output (in place, those features already are where they belong).
-template <typename Path>
-int64_t chunks_per_row(const Plan& plan) {
-    const bool copy_needed = (plan.q.in_geometry.heads > 0 && plan.q.in != plan.q.out) ||
-                             (plan.k.in_geometry.heads > 0 && plan.k.in != plan.k.out);
-    return plan.pairs / Path::kPairs + (copy_needed ? (plan.head_dim - plan.rotary_dim) / Path::kPassWidth : 0);
-}
-
-/// @brief The bandwidth regime (4. above): one row per thread would already fill every
-/// thread slot of the GPU. Else the latency regime.
-inline bool bandwidth_regime(const Plan& plan, int64_t chunks, const DeviceInfo& device,
-                             const LaunchSettings& settings) {
-    const int64_t block_x = std::min<int64_t>(chunks, settings.block_threads);
-    const int64_t rows = plan.q.in_geometry.heads + plan.k.in_geometry.heads;
-    return plan.batch * plan.seq * rows * block_x >= int64_t(device.multiprocessors) * kThreadSlotsPerSM;
 }
 
 /// @brief True when q's rows of one token lie closer together in memory than one row's
@@ -427,7 +319,7 @@ void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettin
 
     // Grid shape (4. above): block_x threads cover a row's chunks.
     const int64_t block_x = std::min<int64_t>(args.chunks, settings.block_threads);
-    const bool bandwidth = bandwidth_regime(plan, args.chunks, device, settings);
+    const bool bandwidth = bandwidth_regime(plan, args.chunks, device, settings.block_threads);
     args.rows_per_slice = std::min(bandwidth ? settings.rows_per_slice : settings.small_rows_per_slice, args.rows);
     args.slices = (args.rows + args.rows_per_slice - 1) / args.rows_per_slice;
     args.units = args.tokens * args.slices;
@@ -444,22 +336,17 @@ void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettin
     args.by_tokens = FastDivisor(args.tokens);
     args.by_slices = FastDivisor(args.slices);
 
-    cudaLaunchConfig_t config =
-        launch_config(dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX))),  // The unit loop covers the rest.
-                      dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y)), stream_of(plan));
-    // See the kernel's griddepcontrol: the launch may overlap the previous kernel's tail.
-    cudaLaunchAttribute programmatic{};
-    programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    programmatic.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &programmatic;
-    config.numAttrs = device.programmatic_launch ? 1 : 0;
+    // The launch may overlap the previous kernel's tail (5. above).
+    const ProgrammaticLaunch launch(
+        dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX))),  // The unit loop covers the rest.
+        dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y)), stream_of(plan), device);
     // The default angle (no caller's table, not precise), by far the most used, gets a
     // kernel of its own: without the other two's code it needs fewer registers (see 3.).
     if (default_angle_only(plan.angles))
-        launch_kernel("rope_unit_kernel", config,
+        launch_kernel("rope_unit_kernel", launch.config,
                       rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, true, Capacity>, args);
     else
-        launch_kernel("rope_unit_kernel", config,
+        launch_kernel("rope_unit_kernel", launch.config,
                       rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, false, Capacity>, args);
 }
 

@@ -1,0 +1,165 @@
+// Calls large enough to fill the GPU: cuda-optimized's bandwidth regime.
+//
+// cuda-optimized picks its kernel by the size of the call
+// (cuda/optimized/backend.cu): the chunk kernel once one thread per 16-byte
+// chunk of every row fills all of the GPU's thread slots and the angle is the
+// default one; the unit kernel with batches of rows for a caller's table or the
+// precise mode at that size; the unit kernel's latency launch below it. The
+// randomised suites draw mostly small calls, so this test sizes its calls from
+// the device's SM count (twice the threshold) and runs every form the large
+// kernels must handle: each dtype and pairing style, bhsd, bshd, heads and seq
+// transposed in memory, packed sequences, in place and out of place, partial
+// rotary (the pass-through copied out of place and left alone in place),
+// grouped-query k, offsets, ids, M-RoPE, an attention factor, the precise mode
+// and a caller's table. Each call is checked against the float64 oracle and
+// cpu-naive, with poisoned outputs and nothing written outside the views
+// (testing::check_call). Both CUDA backends run it; without a GPU it is skipped.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numbers>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend_tags.hpp"
+#include "cuda_helpers.hpp"
+#include "support.hpp"
+
+using testing::Call;
+
+namespace {
+
+enum class Form { offset, ids, packed, mrope, table };
+
+struct LargeCase {
+    const char* name;
+    rope::DType dtype;
+    rope::Style style;
+    rope::Layout layout;  // bhsd or bshd; ignored for Form::packed (thd).
+    int64_t rotary_dim;   // Of head_dim 128.
+    bool in_place;
+    Form form;
+    bool precise = false;
+    bool yarn = false;        // YaRN: an attention factor scales cos and sin.
+    bool transposed = false;  // Heads and seq swapped in memory.
+};
+
+const LargeCase kCases[] = {
+    {"f32 half-split bhsd in place", rope::DType::f32, rope::Style::half_split, rope::Layout::bhsd, 128, true,
+     Form::offset},
+    {"bf16 half-split bshd out of place, offset", rope::DType::bf16, rope::Style::half_split, rope::Layout::bshd, 128,
+     false, Form::offset},
+    {"f16 interleaved bhsd out of place, partial rotary", rope::DType::f16, rope::Style::interleaved,
+     rope::Layout::bhsd, 64, false, Form::offset},
+    {"bf16 interleaved bshd in place, partial rotary", rope::DType::bf16, rope::Style::interleaved,
+     rope::Layout::bshd, 64, true, Form::offset},
+    {"f32 bshd ids per sequence, yarn", rope::DType::f32, rope::Style::half_split, rope::Layout::bshd, 128, true,
+     Form::ids, false, true},
+    {"bf16 packed sequences", rope::DType::bf16, rope::Style::half_split, rope::Layout::bshd, 128, true, Form::packed},
+    {"bf16 M-RoPE, bshd out of place", rope::DType::bf16, rope::Style::half_split, rope::Layout::bshd, 128, false,
+     Form::mrope},
+    {"f32 bhsd view of bshd memory", rope::DType::f32, rope::Style::half_split, rope::Layout::bhsd, 128, false,
+     Form::offset, false, false, true},
+    {"bf16 precise angles (the unit kernel at this size)", rope::DType::bf16, rope::Style::half_split,
+     rope::Layout::bshd, 128, true, Form::offset, true},
+    {"f32 a caller's table (the unit kernel at this size)", rope::DType::f32, rope::Style::half_split,
+     rope::Layout::bhsd, 128, true, Form::table},
+};
+
+constexpr int64_t kHeadDim = 128, kQHeads = 12, kKHeads = 4, kBatch = 2;
+
+// Tokens per sequence for which one thread per 16-byte chunk of every row
+// (rotating chunks only: a lower bound) is twice the GPU's thread slots.
+int64_t seq_filling_twice(const LargeCase& c) {
+    const int64_t width = 16 / rope::dtype_size(c.dtype);  // Values per 16-byte vector.
+    const int64_t chunks = c.rotary_dim / 2 / width;
+    const int64_t slots = int64_t(testing::cuda::multiprocessors()) * 2048;
+    const int64_t rows = kBatch * (kQHeads + kKHeads) * chunks;
+    return (2 * slots + rows - 1) / rows;
+}
+
+Call make_large_call(const LargeCase& c, int64_t seq, int64_t& max_position) {
+    std::mt19937_64& rng = testing::rng();
+    rope::RopeConfig config;
+    config.head_dim = kHeadDim;
+    config.rotary_dim = c.rotary_dim;
+    config.style = c.style;
+    config.base = 500000.0;
+    config.precise_angles = c.precise;
+    if (c.yarn) config.scaling = {.type = rope::ScalingType::yarn, .factor = 4.0,
+                                  .original_max_position_embeddings = 8192};
+    if (c.form == Form::mrope) config.multi_axis = {rope::AxisAssignment::mrope_contiguous, {16, 24, 24}};
+    Call call;
+    if (c.form == Form::packed) {
+        // kBatch * seq tokens in sequences of uneven lengths.
+        const int64_t total = kBatch * seq;
+        const std::vector<int64_t> lengths = {total / 2 + 3, total / 3, total - (total / 2 + 3) - total / 3};
+        call = testing::make_packed_call(config, c.dtype, lengths, kQHeads, kKHeads);
+        max_position = total / 2 + 3;
+    } else {
+        auto shape = [&](int64_t heads) {
+            return c.layout == rope::Layout::bhsd ? std::array<int64_t, 4>{kBatch, heads, seq, kHeadDim}
+                                                  : std::array<int64_t, 4>{kBatch, seq, heads, kHeadDim};
+        };
+        call = testing::make_call(config, c.dtype, c.layout, shape(kQHeads), shape(kKHeads));
+        max_position = seq;
+    }
+    if (c.transposed) {
+        const testing::StorageOptions transposed{testing::Arrangement::transposed, 0};
+        testing::arrange(call, {transposed, transposed, transposed, transposed}, rng);
+    }
+    call.in_place = c.in_place;
+    std::uniform_int_distribution<int64_t> id(0, 32767);
+    switch (c.form) {
+        case Form::offset:
+            call.offset = c.precise ? 3000000 : 1000;  // Precise angles matter at large positions.
+            max_position = call.offset + seq;
+            break;
+        case Form::ids:
+        case Form::mrope:
+            call.id_axes = c.form == Form::mrope ? 3 : 1;
+            call.id_rows = kBatch;
+            for (int64_t i = 0; i < call.id_axes * kBatch * seq; ++i) call.ids.push_back(id(rng));
+            max_position = 32768;
+            break;
+        case Form::table: {
+            // cos and sin of random angles: any finite table is valid input.
+            const int64_t rows = seq, pairs = c.rotary_dim / 2;
+            std::uniform_real_distribution<float> angle(0.0f, 2.0f * std::numbers::pi_v<float>);
+            call.table.assign(size_t(rows * c.rotary_dim), 0.0f);
+            for (int64_t p = 0; p < rows; ++p)
+                for (int64_t i = 0; i < pairs; ++i) {
+                    const float a = angle(rng);
+                    call.table[size_t(p * c.rotary_dim + i)] = std::cos(a);
+                    call.table[size_t(p * c.rotary_dim + pairs + i)] = std::sin(a);
+                }
+            call.table_rows = rows;
+            call.table_cols = call.table_row_stride = c.rotary_dim;
+            max_position = 1;  // No angle is computed: only float32 rounding of the products.
+            break;
+        }
+        case Form::packed:
+            break;
+    }
+    return call;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("CUDA: calls that fill the GPU (the bandwidth regime's kernels) against the oracle", B,
+                          bandwidth_regime) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (const LargeCase& c : kCases) {
+        const int64_t seq = seq_filling_twice(c);
+        CAPTURE(c.name);
+        CAPTURE(seq);
+        int64_t max_position = 0;
+        const Call call = make_large_call(c, seq, max_position);
+        const testing::Tolerance tolerance = testing::oracle_tolerance(c.dtype, max_position);
+        testing::check_call(*backend, call, tolerance.rel_l2, tolerance.max_abs);
+    }
+}
+
+TEST_CASE_TEMPLATE_APPLY(bandwidth_regime, CudaBackends);
