@@ -185,6 +185,10 @@ void run_case(const Case& c, DType dtype, Style style, bool focus) {
                 results.push_back({"chunk-kernel", time([&](int64_t call) {
                                        launch_chunks<Storage, Path, 64>(plans[size_t(call % sets.sets)], device);
                                    })});
+                results.push_back({"chunk-kernel-cos-sin-before-loads", time([&](int64_t call) {
+                                       launch_chunks<Storage, Path, 64, false>(plans[size_t(call % sets.sets)],
+                                                                               device);
+                                   })});
                 LaunchSettings unit_settings;
                 unit_settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
                 results.push_back({"unit-kernel-backend-settings", time([&](int64_t call) {

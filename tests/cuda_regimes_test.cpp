@@ -10,8 +10,8 @@
 // kernels must handle: each dtype and pairing style, bhsd, bshd, heads and seq
 // transposed in memory, packed sequences, in place and out of place, partial
 // rotary (the pass-through copied out of place and left alone in place),
-// grouped-query k, offsets, ids, M-RoPE, an attention factor, the precise mode
-// and a caller's table. Each call is checked against the float64 oracle and
+// grouped-query k, offsets, ids, M-RoPE, scaling and the inverse rotation, the
+// precise mode and a caller's table. Each call is checked against the float64 oracle and
 // cpu-naive, with poisoned outputs and nothing written outside the views
 // (testing::check_call). Both CUDA backends run it; without a GPU it is skipped.
 #include <doctest/doctest.h>
@@ -41,7 +41,7 @@ struct LargeCase {
     bool in_place;
     Form form;
     bool precise = false;
-    bool yarn = false;        // YaRN: an attention factor scales cos and sin.
+    bool inverse = false;     // The inverse rotation (sin negated), with linear scaling.
     bool transposed = false;  // Heads and seq swapped in memory.
 };
 
@@ -54,7 +54,7 @@ const LargeCase kCases[] = {
      rope::Layout::bhsd, 64, false, Form::offset},
     {"bf16 interleaved bshd in place, partial rotary", rope::DType::bf16, rope::Style::interleaved,
      rope::Layout::bshd, 64, true, Form::offset},
-    {"f32 bshd ids per sequence, yarn", rope::DType::f32, rope::Style::half_split, rope::Layout::bshd, 128, true,
+    {"f32 bshd ids per sequence, linear scaling, inverse", rope::DType::f32, rope::Style::half_split, rope::Layout::bshd, 128, true,
      Form::ids, false, true},
     {"bf16 packed sequences", rope::DType::bf16, rope::Style::half_split, rope::Layout::bshd, 128, true, Form::packed},
     {"bf16 M-RoPE, bshd out of place", rope::DType::bf16, rope::Style::half_split, rope::Layout::bshd, 128, false,
@@ -87,8 +87,7 @@ Call make_large_call(const LargeCase& c, int64_t seq, int64_t& max_position) {
     config.style = c.style;
     config.base = 500000.0;
     config.precise_angles = c.precise;
-    if (c.yarn) config.scaling = {.type = rope::ScalingType::yarn, .factor = 4.0,
-                                  .original_max_position_embeddings = 8192};
+    if (c.inverse) config.scaling = {.type = rope::ScalingType::linear, .factor = 4.0};
     if (c.form == Form::mrope) config.multi_axis = {rope::AxisAssignment::mrope_contiguous, {16, 24, 24}};
     Call call;
     if (c.form == Form::packed) {
@@ -110,6 +109,7 @@ Call make_large_call(const LargeCase& c, int64_t seq, int64_t& max_position) {
         testing::arrange(call, {transposed, transposed, transposed, transposed}, rng);
     }
     call.in_place = c.in_place;
+    if (c.inverse) call.direction = rope::Direction::inverse;
     std::uniform_int_distribution<int64_t> id(0, 32767);
     switch (c.form) {
         case Form::offset:
@@ -153,7 +153,8 @@ TEST_CASE_TEMPLATE_DEFINE("CUDA: calls that fill the GPU (the bandwidth regime's
     if (!backend) return;
     for (const LargeCase& c : kCases) {
         const int64_t seq = seq_filling_twice(c);
-        CAPTURE(c.name);
+        const std::string name = c.name;
+        CAPTURE(name);
         CAPTURE(seq);
         int64_t max_position = 0;
         const Call call = make_large_call(c, seq, max_position);

@@ -83,11 +83,28 @@ struct ChunkArgs {
     FastDivisor by_chunks;       ///< Chunks per row: item -> (row, chunk).
 };
 
+/// @brief The default angle's parameters as the chunk kernel reads them: theta_i from
+/// shared memory, copied there once per block.
+///
+/// Why not straight from the kernel parameters, as the unit kernel does: the
+/// parameters live in the constant bank, which serves one address per warp at a
+/// time, and the threads of a warp hold different chunks, hence different
+/// theta_i: each read of theta_i is then replayed once per distinct address.
+/// A unit kernel thread pays that once for 8 or 16 rows; a chunk kernel thread,
+/// which moves one chunk, would pay it for every chunk. Shared memory serves
+/// a warp's different addresses at once.
+struct SharedAngles {
+    const float* inv_freq;     ///< theta_i, in shared memory.
+    const uint8_t* pair_axis;  ///< Position axis of each pair (AngleArgs::pair_axis).
+    float cos_scale;           ///< AngleArgs::cos_scale.
+    float sin_scale;           ///< AngleArgs::sin_scale.
+};
+
 /// Rotates (or, past the rotary chunks, copies) the chunk of operand @p kOperand that
 /// thread item @p item owns. The operand is a template argument so that every field
 /// is read straight from the constant bank.
-template <typename Storage, typename Path, int kOperand, int Capacity>
-__device__ inline void rotate_chunk(const ChunkArgs<Capacity>& args, int64_t item) {
+template <typename Storage, typename Path, bool kLoadsFirst, int kOperand, int Capacity>
+__device__ inline void rotate_chunk(const ChunkArgs<Capacity>& args, const SharedAngles& angles, int64_t item) {
     const Operand& operand = args.operands[kOperand];
     const int64_t row = args.by_chunks.divide(item);
     const int64_t chunk = item - row * args.by_chunks.divisor;
@@ -100,8 +117,8 @@ __device__ inline void rotate_chunk(const ChunkArgs<Capacity>& args, int64_t ite
     if (chunk < args.rotary_chunks) {
         typename Path::Chunk data;
         float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
-        load_with_factors<Path, true>(
-            args, b, s, chunk, previous, [&] { data = Path::load(ref, chunk, args.rotary_dim); }, cos_angle,
+        load_with_factors<Path, true, kLoadsFirst>(
+            args, angles, b, s, chunk, previous, [&] { data = Path::load(ref, chunk, args.rotary_dim); }, cos_angle,
             sin_angle);
         Path::rotate(data, cos_angle, sin_angle);
         Path::store(ref, chunk, args.rotary_dim, data);
@@ -113,15 +130,25 @@ __device__ inline void rotate_chunk(const ChunkArgs<Capacity>& args, int64_t ite
 }
 
 /// @brief The kernel: thread item (blockIdx.x, threadIdx.x) of operand blockIdx.y.
-template <typename Storage, typename Path, int Capacity>
+/// @tparam kLoadsFirst a thread issues its loads before it computes cos/sin, so
+///         that the arithmetic runs while the bytes are in flight: with one chunk
+///         per thread nothing else would hide it (the backend's choice; false,
+///         cos/sin first as the unit kernel does for offsets, is timed by rope-tune).
+template <typename Storage, typename Path, int Capacity, bool kLoadsFirst = true>
 __global__ void __launch_bounds__(kChunkBlockThreads)
     rope_chunk_kernel(const __grid_constant__ ChunkArgs<Capacity> args) {
     allow_next_kernel();  // Programmatic dependent launch (prologue.cuh).
+    // theta_i into shared memory (SharedAngles says why), by every thread before any returns.
+    __shared__ float inv_freq[Capacity];
+    for (int64_t pair = threadIdx.x; pair < args.rotary_dim / 2; pair += blockDim.x)
+        inv_freq[pair] = args.angles.inv_freq[pair];
+    __syncthreads();
+    const SharedAngles angles{inv_freq, args.angles.pair_axis, args.angles.cos_scale, args.angles.sin_scale};
     const int64_t item = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (blockIdx.y == 0) {
-        if (item < args.items[0]) rotate_chunk<Storage, Path, 0>(args, item);
+        if (item < args.items[0]) rotate_chunk<Storage, Path, kLoadsFirst, 0>(args, angles, item);
     } else if (item < args.items[1]) {
-        rotate_chunk<Storage, Path, 1>(args, item);
+        rotate_chunk<Storage, Path, kLoadsFirst, 1>(args, angles, item);
     }
 }
 
@@ -146,7 +173,7 @@ bool chunk_kernel_suits(const Plan& plan, const DeviceInfo& device) {
 
 /// @brief Builds the chunk kernel's arguments and grid for @p plan and launches on plan.stream.
 /// @pre chunk_kernel_suits<Path>(plan, device)
-template <typename Storage, typename Path, int Capacity>
+template <typename Storage, typename Path, int Capacity, bool kLoadsFirst = true>
 void launch_chunks(const Plan& plan, const DeviceInfo& device) {
     ChunkArgs<Capacity> args{};
     args.operands[0] = plan.q;
@@ -168,7 +195,7 @@ void launch_chunks(const Plan& plan, const DeviceInfo& device) {
     if (blocks == 0) return;
     const ProgrammaticLaunch launch(dim3(static_cast<unsigned>(blocks), args.items[1] > 0 ? 2u : 1u),
                                     dim3(kChunkBlockThreads), stream_of(plan), device);
-    launch_kernel("rope_chunk_kernel", launch.config, rope_chunk_kernel<Storage, Path, Capacity>, args);
+    launch_kernel("rope_chunk_kernel", launch.config, rope_chunk_kernel<Storage, Path, Capacity, kLoadsFirst>, args);
 }
 
 }  // namespace rope::cuda_detail

@@ -45,31 +45,37 @@ struct PreviousGrid {
 /// @brief Issues a thread's first loads (@p load) and computes cos/sin of the pairs of
 /// chunk @p chunk at token (b, s), in the order that hides the most latency.
 ///
-/// Positions given as an offset need no memory: cos/sin are computed before
-/// waiting for the previous kernel. Positions in memory (ids, packed
-/// sequences, a caller's table), written perhaps by that very kernel: wait,
-/// issue the position loads and then the rows' loads, and compute as soon as
-/// the positions arrive, while the rows are still on their way (measured 1 to
-/// 2 points faster than the rows first, with ids, tables and M-RoPE alike).
+/// Loads first (always with @p kLoadsFirst, else for positions in memory):
+/// wait for the previous kernel, issue the position loads (ids, packed
+/// sequences, a caller's table, written perhaps by that very kernel) and then
+/// the rows' loads, and compute cos/sin while the rows are on their way
+/// (measured 1 to 2 points faster than the rows first, with ids, tables and
+/// M-RoPE alike). Otherwise, positions given as an offset need no memory:
+/// cos/sin are computed before the wait, overlapping the previous kernel's
+/// tail, which pays where a thread goes on to many rows (the unit kernel) and
+/// costs a thread that has one chunk to move (the chunk kernel: see there).
 /// @tparam Path VectorPath or GenericPath (row_access.cuh): which pairs a chunk holds.
 /// @tparam kDefaultAngleOnly see rotation_factors.
-/// @tparam KernelArgs a kernel's parameters: angles, positions, axes, positions_in_memory, rotary_dim.
-template <typename Path, bool kDefaultAngleOnly, typename KernelArgs, typename Load>
-__device__ inline void load_with_factors(const KernelArgs& args, int64_t b, int64_t s, int64_t chunk,
-                                         PreviousGrid& previous, Load&& load, float (&cos_angle)[Path::kPairs],
-                                         float (&sin_angle)[Path::kPairs]) {
+/// @tparam kLoadsFirst issue the loads before computing cos/sin, whatever the positions.
+/// @tparam KernelArgs a kernel's parameters: positions, axes, positions_in_memory, rotary_dim.
+/// @tparam Angles AngleArgs, or any type rotation_factors<kDefaultAngleOnly> can read, with pair_axis.
+template <typename Path, bool kDefaultAngleOnly, bool kLoadsFirst, typename KernelArgs, typename Angles,
+          typename Load>
+__device__ inline void load_with_factors(const KernelArgs& args, const Angles& angles, int64_t b, int64_t s,
+                                         int64_t chunk, PreviousGrid& previous, Load&& load,
+                                         float (&cos_angle)[Path::kPairs], float (&sin_angle)[Path::kPairs]) {
     auto compute_factors = [&](const TokenPositions& positions) {
         // With several axes, each pair's axis, read for the whole chunk at once: a warp's
         // threads hold different pairs, and the constant bank serialises a warp's reads
         // of different addresses.
         uint8_t axis[Path::kPairs] = {};
-        if (args.axes > 1) Path::load_pair_axes(args.angles.pair_axis, chunk, args.rotary_dim, axis);
+        if (args.axes > 1) Path::load_pair_axes(angles.pair_axis, chunk, args.rotary_dim, axis);
 #pragma unroll
         for (int p = 0; p < Path::kPairs; ++p)
-            rotation_factors<kDefaultAngleOnly>(args.angles, positions, axis[p],
+            rotation_factors<kDefaultAngleOnly>(angles, positions, axis[p],
                                                 Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
     };
-    if (!args.positions_in_memory) {
+    if (!kLoadsFirst && !args.positions_in_memory) {
         compute_factors(token_positions(args.positions, args.axes, b, s));
         previous.wait();
         load();

@@ -199,8 +199,8 @@ __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRo
     // cos/sin of this thread's pairs at this token, computed once and reused
     // for every row below (2. above), around the first batch's loads (5. above).
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
-    load_with_factors<Path, DefaultAngleOnly>(args, b, s, chunk, previous, [&] { load_batch(current, 0); }, cos_angle,
-                                              sin_angle);
+    load_with_factors<Path, DefaultAngleOnly, false>(
+        args, args.angles, b, s, chunk, previous, [&] { load_batch(current, 0); }, cos_angle, sin_angle);
 
     for (int64_t first = 0;; first += RowsInFlight) {
         const bool more = first + RowsInFlight < rows.count;
