@@ -195,6 +195,10 @@ void run_case(const Case& c, DType dtype, Style style, bool focus) {
                                        launch_units<Storage, Path, 4, false, 1, 64>(plans[size_t(call % sets.sets)],
                                                                                     device, unit_settings);
                                    })});
+                results.push_back({"unit-kernel-shared-theta", time([&](int64_t call) {
+                                       launch_units<Storage, Path, 4, false, 1, 64, true>(
+                                           plans[size_t(call % sets.sets)], device, unit_settings);
+                                   })});
             }
             if (!focus) {
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 1>>("streaming");

@@ -42,6 +42,23 @@ struct PreviousGrid {
     }
 };
 
+/// @brief The default angle's parameters as the chunk kernel reads them: theta_i from
+/// shared memory, copied there once per block.
+///
+/// Why not straight from the kernel parameters, as the unit kernel does: the
+/// parameters live in the constant bank, which serves one address per warp at a
+/// time, and the threads of a warp hold different chunks, hence different
+/// theta_i: each read of theta_i is then replayed once per distinct address.
+/// A unit kernel thread pays that once for 8 or 16 rows; a chunk kernel thread,
+/// which moves one chunk, would pay it for every chunk. Shared memory serves
+/// a warp's different addresses at once.
+struct SharedAngles {
+    const float* inv_freq;     ///< theta_i, in shared memory.
+    const uint8_t* pair_axis;  ///< Position axis of each pair (AngleArgs::pair_axis).
+    float cos_scale;           ///< AngleArgs::cos_scale.
+    float sin_scale;           ///< AngleArgs::sin_scale.
+};
+
 /// @brief Issues a thread's first loads (@p load) and computes cos/sin of the pairs of
 /// chunk @p chunk at token (b, s), in the order that hides the most latency.
 ///
