@@ -1,9 +1,7 @@
-// rope-tune: times cuda-optimized's kernels under launch settings other than
+// rope-tune: times cuda-optimized's kernel under launch settings other than
 // the backend's defaults, beside the backend itself and a copy of the same
-// bytes, on the benchmark shapes: on the large shapes the chunk kernel
-// (chunk_kernel.cuh) beside the unit kernel, and the unit kernel's launch
-// settings. It is how the choices in cuda/optimized/backend.cu and
-// unit_kernel.cuh were made; it is not a test.
+// bytes, on the benchmark shapes. It is how the defaults in
+// cuda/optimized/backend.cu and unit_kernel.cuh were chosen; it is not a test.
 //
 //   rope-tune [--focus]  prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy
 //
@@ -31,7 +29,6 @@
 #include "cuda_timing.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/rope.hpp"
-#include "chunk_kernel.cuh"
 #include "device_launch.cuh"
 #include "row_access.cuh"
 #include "unit_kernel.cuh"
@@ -177,29 +174,20 @@ void run_case(const Case& c, DType dtype, Style style, bool focus) {
                     results.push_back({name, us});
                 }
             };
-            // The two kernels of the bandwidth regime side by side: the chunk kernel, and the
-            // unit kernel with the backend's settings for it (whichever the backend picks is
-            // also the backend-default row).
+            // The backend's launch (either regime) with theta_i read from shared memory
+            // (prologue.cuh, SharedAngles) instead of the kernel parameters.
             using Path = VectorPath<Storage, kStyle, DefaultAccess>;
-            if (!c.small && chunk_kernel_suits<Path>(plans[0], device)) {
-                results.push_back({"chunk-kernel", time([&](int64_t call) {
-                                       launch_chunks<Storage, Path, 64>(plans[size_t(call % sets.sets)], device);
-                                   })});
-                results.push_back({"chunk-kernel-cos-sin-before-loads", time([&](int64_t call) {
-                                       launch_chunks<Storage, Path, 64, false>(plans[size_t(call % sets.sets)],
-                                                                               device);
-                                   })});
-                LaunchSettings unit_settings;
-                unit_settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
-                results.push_back({"unit-kernel-backend-settings", time([&](int64_t call) {
-                                       launch_units<Storage, Path, 4, false, 1, 64>(plans[size_t(call % sets.sets)],
-                                                                                    device, unit_settings);
-                                   })});
-                results.push_back({"unit-kernel-shared-theta", time([&](int64_t call) {
-                                       launch_units<Storage, Path, 4, false, 1, 64, true>(
-                                           plans[size_t(call % sets.sets)], device, unit_settings);
-                                   })});
-            }
+            LaunchSettings backend_settings;
+            backend_settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
+            results.push_back({"backend-shared-theta", time([&](int64_t call) {
+                                   const Plan& plan = plans[size_t(call % sets.sets)];
+                                   if (c.small)  // The backend's latency launch, else its bandwidth launch.
+                                       launch_units<Storage, Path, 2, true, 1, 64, true>(plan, device,
+                                                                                         backend_settings);
+                                   else
+                                       launch_units<Storage, Path, 4, false, 1, 64, true>(plan, device,
+                                                                                          backend_settings);
+                               })});
             if (!focus) {
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 1>>("streaming");
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 2>>("streaming");

@@ -1,19 +1,19 @@
 // Calls large enough to fill the GPU: cuda-optimized's bandwidth regime.
 //
-// cuda-optimized picks its kernel by the size of the call
-// (cuda/optimized/backend.cu): the chunk kernel once one thread per 16-byte
-// chunk of every row fills all of the GPU's thread slots and the angle is the
-// default one; the unit kernel with batches of rows for a caller's table or the
-// precise mode at that size; the unit kernel's latency launch below it. The
-// randomised suites draw mostly small calls, so this test sizes its calls from
-// the device's SM count (twice the threshold) and runs every form the large
-// kernels must handle: each dtype and pairing style, bhsd, bshd, heads and seq
-// transposed in memory, packed sequences, in place and out of place, partial
-// rotary (the pass-through copied out of place and left alone in place),
-// grouped-query k, offsets, ids, M-RoPE, scaling and the inverse rotation, the
-// precise mode and a caller's table. Each call is checked against the float64 oracle and
-// cpu-naive, with poisoned outputs and nothing written outside the views
-// (testing::check_call). Both CUDA backends run it; without a GPU it is skipped.
+// cuda-optimized launches its kernel in one of two shapes by the size of the
+// call (cuda/optimized/backend.cu, device_launch.cuh): batches of 4 rows per
+// thread once one thread per 16-byte chunk of every row would fill all of the
+// GPU's thread slots (the bandwidth regime), a software pipeline of 2 rows
+// below it. The randomised suites draw mostly small calls, so this test sizes
+// its calls from the device's SM count (twice the threshold) and runs every
+// form the bandwidth launch must handle: each dtype and pairing style, bhsd,
+// bshd, heads and seq transposed in memory, packed sequences, in place and out
+// of place, partial rotary (the pass-through copied out of place and left alone
+// in place), grouped-query k, offsets, ids, M-RoPE, scaling and the inverse
+// rotation, the precise mode and a caller's table. Each call is checked against
+// the float64 oracle and cpu-naive, with poisoned outputs and nothing written
+// outside the views (testing::check_call). Both CUDA backends run it; without a
+// GPU it is skipped.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -54,16 +54,16 @@ const LargeCase kCases[] = {
      rope::Layout::bhsd, 64, false, Form::offset},
     {"bf16 interleaved bshd in place, partial rotary", rope::DType::bf16, rope::Style::interleaved,
      rope::Layout::bshd, 64, true, Form::offset},
-    {"f32 bshd ids per sequence, linear scaling, inverse", rope::DType::f32, rope::Style::half_split, rope::Layout::bshd, 128, true,
-     Form::ids, false, true},
+    {"f32 bshd ids per sequence, linear scaling, inverse", rope::DType::f32, rope::Style::half_split,
+     rope::Layout::bshd, 128, true, Form::ids, false, true},
     {"bf16 packed sequences", rope::DType::bf16, rope::Style::half_split, rope::Layout::bshd, 128, true, Form::packed},
     {"bf16 M-RoPE, bshd out of place", rope::DType::bf16, rope::Style::half_split, rope::Layout::bshd, 128, false,
      Form::mrope},
     {"f32 bhsd view of bshd memory", rope::DType::f32, rope::Style::half_split, rope::Layout::bhsd, 128, false,
      Form::offset, false, false, true},
-    {"bf16 precise angles (the unit kernel at this size)", rope::DType::bf16, rope::Style::half_split,
+    {"bf16 precise angles", rope::DType::bf16, rope::Style::half_split,
      rope::Layout::bshd, 128, true, Form::offset, true},
-    {"f32 a caller's table (the unit kernel at this size)", rope::DType::f32, rope::Style::half_split,
+    {"f32 a caller's table", rope::DType::f32, rope::Style::half_split,
      rope::Layout::bhsd, 128, true, Form::table},
 };
 
@@ -147,7 +147,7 @@ Call make_large_call(const LargeCase& c, int64_t seq, int64_t& max_position) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE_DEFINE("CUDA: calls that fill the GPU (the bandwidth regime's kernels) against the oracle", B,
+TEST_CASE_TEMPLATE_DEFINE("CUDA: calls that fill the GPU (the bandwidth regime) against the oracle", B,
                           bandwidth_regime) {
     auto backend = testing::backend_or_skip(B::name);
     if (!backend) return;

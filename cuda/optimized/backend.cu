@@ -1,23 +1,19 @@
 // cuda-optimized: RoPE at the speed of a memory copy.
 //
-// Two kernels, one per regime. Calls that fill the GPU many times over take
-// the chunk kernel (chunk_kernel.cuh: one thread per 16-byte chunk of a row,
-// chapter 4's v4 grown to every layout and position form); small calls and
-// calls whose cos/sin are dear (a caller's table, the precise mode) take the
-// unit kernel (unit_kernel.cuh: one thread per chunk of several rows of a
-// token, cos/sin reused across them, and the reasoning behind its shape). How
-// a thread touches its chunk of a row (16-byte vectors, or the generic strided
-// fallback) is in row_access.cuh and vector_layout.hpp. This file is the
-// backend: it picks, for a Plan, the kernel, the access path, the batching of
-// loads and the capacity of the angle arguments, as measured best on the H200
-// with bench/tune.cu (rope-tune), and launches.
+// The kernel and the reasoning behind its shape are in unit_kernel.cuh; what a
+// thread does before and around its first loads in prologue.cuh; what the
+// launch knows about the device in device_launch.cuh; how a thread touches its
+// chunk of a row (16-byte vectors, or the generic strided fallback) in
+// row_access.cuh and vector_layout.hpp. This file is the backend: it picks,
+// for a Plan, the access path, the batching of loads and the capacity of the
+// angle arguments, as measured best on the H200 with bench/tune.cu
+// (rope-tune), and launches.
 #include <memory>
 
 #include "check.hpp"
 #include "kernel_args.cuh"
 #include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
-#include "chunk_kernel.cuh"
 #include "device_launch.cuh"
 #include "row_access.cuh"
 #include "unit_kernel.cuh"
@@ -33,8 +29,7 @@ constexpr int kSmallCapacity = 64;
 
 /// The launch, per regime, as measured best by rope-tune on the H200
 /// (2026-12-02 and 2026-12-03; bench/results/h200-tune.csv):
-/// - bandwidth regime: the chunk kernel, for the default angle (CHOICE);
-///   the unit kernel otherwise, with batches of 4 rows loaded before use, no software
+/// - bandwidth regime: batches of 4 rows loaded before use, no software
 ///   pipeline, default caching (streaming hints and the pipeline measured
 ///   0.5-3 points slower), 128-thread blocks; 8 rows per thread for float32,
 ///   16 for the 2-byte types (whose chunk holds twice the pairs, so fewer
@@ -50,9 +45,7 @@ void launch_vector(const Plan& plan, const DeviceInfo& device) {
     LaunchSettings settings;
     settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
     using Path = VectorPath<Storage, kStyle, DefaultAccess>;
-    if (chunk_kernel_suits<Path>(plan, device))
-        launch_chunks<Storage, Path, Capacity>(plan, device);
-    else if (bandwidth_regime(plan, chunks_per_row<Path>(plan), device, settings.block_threads))
+    if (bandwidth_regime(plan, chunks_per_row<Path>(plan), device, settings.block_threads))
         launch_units<Storage, Path, 4, false, 1, Capacity>(plan, device, settings);
     else
         launch_units<Storage, Path, 2, true, 1, Capacity>(plan, device, settings);

@@ -42,16 +42,17 @@ struct PreviousGrid {
     }
 };
 
-/// @brief The default angle's parameters as the chunk kernel reads them: theta_i from
-/// shared memory, copied there once per block.
+/// @brief The default angle's parameters with theta_i in shared memory, copied there
+/// once per block (a rope-tune variant of the unit kernel: bench/tune.cu).
 ///
-/// Why not straight from the kernel parameters, as the unit kernel does: the
-/// parameters live in the constant bank, which serves one address per warp at a
-/// time, and the threads of a warp hold different chunks, hence different
-/// theta_i: each read of theta_i is then replayed once per distinct address.
-/// A unit kernel thread pays that once for 8 or 16 rows; a chunk kernel thread,
-/// which moves one chunk, would pay it for every chunk. Shared memory serves
-/// a warp's different addresses at once.
+/// The kernel parameters live in the constant bank, which serves one address
+/// per warp at a time; the threads of a warp hold different chunks, hence
+/// different theta_i, so each read of theta_i from the parameters is replayed
+/// once per distinct address in the warp. Shared memory serves a warp's
+/// different addresses at once. A thread reads its theta_i once per unit (8 or
+/// 16 rows); a kernel with one chunk per thread, measured on the H200
+/// (2026-12-03), ran at 70% of the copy reading them from the parameters and at
+/// 93% from shared memory (float32, [8,32,4096,128]).
 struct SharedAngles {
     const float* inv_freq;     ///< theta_i, in shared memory.
     const uint8_t* pair_axis;  ///< Position axis of each pair (AngleArgs::pair_axis).
@@ -62,22 +63,17 @@ struct SharedAngles {
 /// @brief Issues a thread's first loads (@p load) and computes cos/sin of the pairs of
 /// chunk @p chunk at token (b, s), in the order that hides the most latency.
 ///
-/// Loads first (always with @p kLoadsFirst, else for positions in memory):
-/// wait for the previous kernel, issue the position loads (ids, packed
-/// sequences, a caller's table, written perhaps by that very kernel) and then
-/// the rows' loads, and compute cos/sin while the rows are on their way
-/// (measured 1 to 2 points faster than the rows first, with ids, tables and
-/// M-RoPE alike). Otherwise, positions given as an offset need no memory:
-/// cos/sin are computed before the wait, overlapping the previous kernel's
-/// tail, which pays where a thread goes on to many rows (the unit kernel) and
-/// costs a thread that has one chunk to move (the chunk kernel: see there).
+/// Positions given as an offset need no memory: cos/sin are computed before
+/// waiting for the previous kernel. Positions in memory (ids, packed
+/// sequences, a caller's table), written perhaps by that very kernel: wait,
+/// issue the position loads and then the rows' loads, and compute as soon as
+/// the positions arrive, while the rows are still on their way (measured 1 to
+/// 2 points faster than the rows first, with ids, tables and M-RoPE alike).
 /// @tparam Path VectorPath or GenericPath (row_access.cuh): which pairs a chunk holds.
 /// @tparam kDefaultAngleOnly see rotation_factors.
-/// @tparam kLoadsFirst issue the loads before computing cos/sin, whatever the positions.
 /// @tparam KernelArgs a kernel's parameters: positions, axes, positions_in_memory, rotary_dim.
-/// @tparam Angles AngleArgs, or any type rotation_factors<kDefaultAngleOnly> can read, with pair_axis.
-template <typename Path, bool kDefaultAngleOnly, bool kLoadsFirst, typename KernelArgs, typename Angles,
-          typename Load>
+/// @tparam Angles AngleArgs, or SharedAngles: what rotation_factors<kDefaultAngleOnly> reads, and pair_axis.
+template <typename Path, bool kDefaultAngleOnly, typename KernelArgs, typename Angles, typename Load>
 __device__ inline void load_with_factors(const KernelArgs& args, const Angles& angles, int64_t b, int64_t s,
                                          int64_t chunk, PreviousGrid& previous, Load&& load,
                                          float (&cos_angle)[Path::kPairs], float (&sin_angle)[Path::kPairs]) {
@@ -92,7 +88,7 @@ __device__ inline void load_with_factors(const KernelArgs& args, const Angles& a
             rotation_factors<kDefaultAngleOnly>(angles, positions, axis[p],
                                                 Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
     };
-    if (!kLoadsFirst && !args.positions_in_memory) {
+    if (!args.positions_in_memory) {
         compute_factors(token_positions(args.positions, args.axes, b, s));
         previous.wait();
         load();

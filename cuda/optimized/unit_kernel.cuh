@@ -201,7 +201,7 @@ __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const Angles&
     // cos/sin of this thread's pairs at this token, computed once and reused
     // for every row below (2. above), around the first batch's loads (5. above).
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
-    load_with_factors<Path, DefaultAngleOnly, false>(
+    load_with_factors<Path, DefaultAngleOnly>(
         args, angles, b, s, chunk, previous, [&] { load_batch(current, 0); }, cos_angle, sin_angle);
 
     for (int64_t first = 0;; first += RowsInFlight) {
@@ -313,6 +313,8 @@ inline bool heads_adjacent_in_memory(const Plan& plan) {
 /// @tparam Pipelined whether the next batch's loads are issued before this batch is computed.
 /// @tparam MinBlocksPerSM blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
 /// @tparam Capacity pairs the angle arguments hold (>= plan.pairs).
+/// @tparam kSharedTheta default angle: theta_i copied to shared memory per block (SharedAngles;
+///         rope-tune's variant), else read from the kernel parameters (the backend's).
 template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity,
           bool kSharedTheta = false>
 void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettings& settings) {
@@ -359,11 +361,14 @@ void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettin
     // The default angle (no caller's table, not precise), by far the most used, gets a
     // kernel of its own: without the other two's code it needs fewer registers (see 3.).
     if (default_angle_only(plan.angles))
-        launch_kernel("rope_unit_kernel", launch.config,
-                      rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, true, Capacity, kSharedTheta>, args);
+        launch_kernel(
+            "rope_unit_kernel", launch.config,
+            rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, true, Capacity, kSharedTheta>,
+            args);
     else
         launch_kernel("rope_unit_kernel", launch.config,
-                      rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, false, Capacity, false>, args);
+                      rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, false, Capacity, false>,
+                      args);
 }
 
 }  // namespace rope::cuda_detail
