@@ -43,16 +43,20 @@ struct PreviousGrid {
 };
 
 /// @brief The default angle's parameters with theta_i in shared memory, copied there
-/// once per block (a rope-tune variant of the unit kernel: bench/tune.cu).
+/// once per block: a rope-tune variant of the unit kernel (backend-shared-theta in
+/// bench/tune.cu), not the backend's choice.
 ///
 /// The kernel parameters live in the constant bank, which serves one address
 /// per warp at a time; the threads of a warp hold different chunks, hence
 /// different theta_i, so each read of theta_i from the parameters is replayed
 /// once per distinct address in the warp. Shared memory serves a warp's
-/// different addresses at once. A thread reads its theta_i once per unit (8 or
-/// 16 rows); a kernel with one chunk per thread, measured on the H200
-/// (2026-12-03), ran at 70% of the copy reading them from the parameters and at
-/// 93% from shared memory (float32, [8,32,4096,128]).
+/// different addresses at once. Measured on the H200 (2026-12-03,
+/// bench/results/h200.md): for a kernel with one chunk per thread, reading
+/// theta_i from shared memory instead of the parameters was worth 23 points of
+/// the copy (float32, [8,32,4096,128]); the unit kernel, which reads theta_i
+/// once per 8 or 16 rows, moved by -0.3 to +0.6 points on the large shapes and
+/// lost up to 8 on small calls (the copy and the barrier), so it reads them from
+/// its parameters.
 struct SharedAngles {
     const float* inv_freq;     ///< theta_i, in shared memory.
     const uint8_t* pair_axis;  ///< Position axis of each pair (AngleArgs::pair_axis).
