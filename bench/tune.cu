@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "cuda_timing.hpp"
+#include "device_launch.cuh"
 #include "rope/detail/plan.hpp"
 #include "rope/rope.hpp"
-#include "device_launch.cuh"
 #include "row_access.cuh"
 #include "unit_kernel.cuh"
 
@@ -174,20 +174,6 @@ void run_case(const Case& c, DType dtype, Style style, bool focus) {
                     results.push_back({name, us});
                 }
             };
-            // The backend's launch (either regime) with theta_i read from shared memory
-            // (prologue.cuh, SharedAngles) instead of the kernel parameters.
-            using Path = VectorPath<Storage, kStyle, DefaultAccess>;
-            LaunchSettings backend_settings;
-            backend_settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
-            results.push_back({"backend-shared-theta", time([&](int64_t call) {
-                                   const Plan& plan = plans[size_t(call % sets.sets)];
-                                   if (c.small)  // The backend's latency launch, else its bandwidth launch.
-                                       launch_units<Storage, Path, 2, true, 1, 64, true>(plan, device,
-                                                                                         backend_settings);
-                                   else
-                                       launch_units<Storage, Path, 4, false, 1, 64, true>(plan, device,
-                                                                                          backend_settings);
-                               })});
             if (!focus) {
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 1>>("streaming");
                 sweep.template operator()<Variant<StreamingAccess, 2, true, 2>>("streaming");

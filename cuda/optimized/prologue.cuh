@@ -1,7 +1,7 @@
 #pragma once
 /// @file prologue.cuh
-/// @brief What a cuda-optimized thread does before and around its first loads, shared by
-/// both kernels (internal to the CUDA backends).
+/// @brief What a cuda-optimized thread does before and around its first loads: point 5.
+/// of unit_kernel.cuh (internal to the CUDA backends).
 ///
 /// A kernel launched with programmatic dependent launch (Hopper) may start
 /// while the previous kernel in the stream is still running. Its threads
@@ -42,28 +42,6 @@ struct PreviousGrid {
     }
 };
 
-/// @brief The default angle's parameters with theta_i in shared memory, copied there
-/// once per block: a rope-tune variant of the unit kernel (backend-shared-theta in
-/// bench/tune.cu), not the backend's choice.
-///
-/// The kernel parameters live in the constant bank, which serves one address
-/// per warp at a time; the threads of a warp hold different chunks, hence
-/// different theta_i, so each read of theta_i from the parameters is replayed
-/// once per distinct address in the warp. Shared memory serves a warp's
-/// different addresses at once. Measured on the H200 (2026-12-03,
-/// bench/results/h200.md): for a kernel with one chunk per thread, reading
-/// theta_i from shared memory instead of the parameters was worth 23 points of
-/// the copy (float32, [8,32,4096,128]); the unit kernel, which reads theta_i
-/// once per 8 or 16 rows, moved by -0.3 to +0.6 points on the large shapes and
-/// lost up to 8 on small calls (the copy and the barrier), so it reads them from
-/// its parameters.
-struct SharedAngles {
-    const float* inv_freq;     ///< theta_i, in shared memory.
-    const uint8_t* pair_axis;  ///< Position axis of each pair (AngleArgs::pair_axis).
-    float cos_scale;           ///< AngleArgs::cos_scale.
-    float sin_scale;           ///< AngleArgs::sin_scale.
-};
-
 /// @brief Issues a thread's first loads (@p load) and computes cos/sin of the pairs of
 /// chunk @p chunk at token (b, s), in the order that hides the most latency.
 ///
@@ -75,21 +53,20 @@ struct SharedAngles {
 /// 2 points faster than the rows first, with ids, tables and M-RoPE alike).
 /// @tparam Path VectorPath or GenericPath (row_access.cuh): which pairs a chunk holds.
 /// @tparam kDefaultAngleOnly see rotation_factors.
-/// @tparam KernelArgs a kernel's parameters: positions, axes, positions_in_memory, rotary_dim.
-/// @tparam Angles AngleArgs, or SharedAngles: what rotation_factors<kDefaultAngleOnly> reads, and pair_axis.
-template <typename Path, bool kDefaultAngleOnly, typename KernelArgs, typename Angles, typename Load>
-__device__ inline void load_with_factors(const KernelArgs& args, const Angles& angles, int64_t b, int64_t s,
-                                         int64_t chunk, PreviousGrid& previous, Load&& load,
-                                         float (&cos_angle)[Path::kPairs], float (&sin_angle)[Path::kPairs]) {
+/// @tparam KernelArgs a kernel's parameters: angles, positions, axes, positions_in_memory, rotary_dim.
+template <typename Path, bool kDefaultAngleOnly, typename KernelArgs, typename Load>
+__device__ inline void load_with_factors(const KernelArgs& args, int64_t b, int64_t s, int64_t chunk,
+                                         PreviousGrid& previous, Load&& load, float (&cos_angle)[Path::kPairs],
+                                         float (&sin_angle)[Path::kPairs]) {
     auto compute_factors = [&](const TokenPositions& positions) {
         // With several axes, each pair's axis, read for the whole chunk at once: a warp's
         // threads hold different pairs, and the constant bank serialises a warp's reads
         // of different addresses.
         uint8_t axis[Path::kPairs] = {};
-        if (args.axes > 1) Path::load_pair_axes(angles.pair_axis, chunk, args.rotary_dim, axis);
+        if (args.axes > 1) Path::load_pair_axes(args.angles.pair_axis, chunk, args.rotary_dim, axis);
 #pragma unroll
         for (int p = 0; p < Path::kPairs; ++p)
-            rotation_factors<kDefaultAngleOnly>(angles, positions, axis[p],
+            rotation_factors<kDefaultAngleOnly>(args.angles, positions, axis[p],
                                                 Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
     };
     if (!args.positions_in_memory) {

@@ -184,11 +184,9 @@ __device__ inline bool in_place(const UnitArgs<Capacity>& args, int64_t row) {
 /// before the current batch is rotated and stored, so memory requests stay in
 /// flight while the thread computes (3. above). Safe in place too: a batch's
 /// stores touch only its own rows. DefaultAngleOnly: see rotation_factors.
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, bool DefaultAngleOnly, int Capacity,
-          typename Angles>
-__device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const Angles& angles,
-                                   const TokenRows<Storage>& token, int64_t b, int64_t s, const RowSpan& rows,
-                                   int64_t chunk, PreviousGrid& previous) {
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, bool DefaultAngleOnly, int Capacity>
+__device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token, int64_t b,
+                                   int64_t s, const RowSpan& rows, int64_t chunk, PreviousGrid& previous) {
     typename Path::Chunk current[RowsInFlight], next[RowsInFlight];
     // Row addresses are recomputed at the store (one multiply-add) rather than
     // kept: registers, not arithmetic, limit how many threads fit on an SM.
@@ -201,8 +199,8 @@ __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const Angles&
     // cos/sin of this thread's pairs at this token, computed once and reused
     // for every row below (2. above), around the first batch's loads (5. above).
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
-    load_with_factors<Path, DefaultAngleOnly>(
-        args, angles, b, s, chunk, previous, [&] { load_batch(current, 0); }, cos_angle, sin_angle);
+    load_with_factors<Path, DefaultAngleOnly>(args, b, s, chunk, previous, [&] { load_batch(current, 0); }, cos_angle,
+                                              sin_angle);
 
     for (int64_t first = 0;; first += RowsInFlight) {
         const bool more = first + RowsInFlight < rows.count;
@@ -254,48 +252,35 @@ __device__ inline void copy_rows(const UnitArgs<Capacity>& args, const TokenRows
 /// __grid_constant__ lets device functions take references into the
 /// parameters without a per-thread copy to local memory.
 template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, bool DefaultAngleOnly,
-          int Capacity, bool kSharedTheta>
+          int Capacity>
 __global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
     rope_unit_kernel(const __grid_constant__ UnitArgs<Capacity> args) {
     allow_next_kernel();    // Programmatic dependent launch (5. above).
     PreviousGrid previous;  // Waited for before the first global memory access.
-    auto units = [&](const auto& angles) {
-        const int64_t step = int64_t(gridDim.x) * blockDim.y;
-        for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
-            int64_t token;
-            RowSpan rows;
-            if (args.heads_adjacent) {  // Token-major: slice l of a token is rows l, l + slices, ...
-                token = args.by_slices.divide(unit);
-                const int64_t slice = unit - token * args.slices;
-                rows = {slice, args.slices, (args.rows - slice + args.slices - 1) / args.slices};
-            } else {  // Slice-major: a slice is a run of consecutive rows.
-                const int64_t slice = args.by_tokens.divide(unit);
-                token = unit - slice * args.tokens;
-                const int64_t first = slice * args.rows_per_slice;
-                rows = {first, 1, min(args.rows_per_slice, args.rows - first)};
-            }
-            const int64_t b = args.by_seq.divide(token);
-            const int64_t s = token - b * args.seq;
-            const TokenRows<Storage> token_start = token_rows<Storage>(args, b, s);
-            for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
-                if (chunk < args.rotary_chunks)
-                    rotate_rows<Storage, Path, RowsInFlight, Pipelined, DefaultAngleOnly>(args, angles, token_start, b,
-                                                                                          s, rows, chunk, previous);
-                else
-                    copy_rows<Storage, Path, RowsInFlight>(args, token_start, rows, chunk - args.rotary_chunks,
-                                                           previous);
-            }
+    const int64_t step = int64_t(gridDim.x) * blockDim.y;
+    for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
+        int64_t token;
+        RowSpan rows;
+        if (args.heads_adjacent) {  // Token-major: slice l of a token is rows l, l + slices, ...
+            token = args.by_slices.divide(unit);
+            const int64_t slice = unit - token * args.slices;
+            rows = {slice, args.slices, (args.rows - slice + args.slices - 1) / args.slices};
+        } else {  // Slice-major: a slice is a run of consecutive rows.
+            const int64_t slice = args.by_tokens.divide(unit);
+            token = unit - slice * args.tokens;
+            const int64_t first = slice * args.rows_per_slice;
+            rows = {first, 1, min(args.rows_per_slice, args.rows - first)};
         }
-    };
-    if constexpr (kSharedTheta && DefaultAngleOnly) {
-        __shared__ float inv_freq[Capacity];
-        const int64_t threads = int64_t(blockDim.x) * blockDim.y;
-        for (int64_t pair = threadIdx.y * blockDim.x + threadIdx.x; pair < args.rotary_dim / 2; pair += threads)
-            inv_freq[pair] = args.angles.inv_freq[pair];
-        __syncthreads();
-        units(SharedAngles{inv_freq, args.angles.pair_axis, args.angles.cos_scale, args.angles.sin_scale});
-    } else {
-        units(args.angles);
+        const int64_t b = args.by_seq.divide(token);
+        const int64_t s = token - b * args.seq;
+        const TokenRows<Storage> token_start = token_rows<Storage>(args, b, s);
+        for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
+            if (chunk < args.rotary_chunks)
+                rotate_rows<Storage, Path, RowsInFlight, Pipelined, DefaultAngleOnly>(args, token_start, b, s, rows,
+                                                                                      chunk, previous);
+            else
+                copy_rows<Storage, Path, RowsInFlight>(args, token_start, rows, chunk - args.rotary_chunks, previous);
+        }
     }
 }
 
@@ -313,10 +298,7 @@ inline bool heads_adjacent_in_memory(const Plan& plan) {
 /// @tparam Pipelined whether the next batch's loads are issued before this batch is computed.
 /// @tparam MinBlocksPerSM blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
 /// @tparam Capacity pairs the angle arguments hold (>= plan.pairs).
-/// @tparam kSharedTheta default angle: theta_i copied to shared memory per block (SharedAngles;
-///         rope-tune's variant), else read from the kernel parameters (the backend's).
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity,
-          bool kSharedTheta = false>
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity>
 void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettings& settings) {
     UnitArgs<Capacity> args{};
     args.operands[0] = plan.q;
@@ -361,14 +343,11 @@ void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettin
     // The default angle (no caller's table, not precise), by far the most used, gets a
     // kernel of its own: without the other two's code it needs fewer registers (see 3.).
     if (default_angle_only(plan.angles))
-        launch_kernel(
-            "rope_unit_kernel", launch.config,
-            rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, true, Capacity, kSharedTheta>,
-            args);
+        launch_kernel("rope_unit_kernel", launch.config,
+                      rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, true, Capacity>, args);
     else
         launch_kernel("rope_unit_kernel", launch.config,
-                      rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, false, Capacity, false>,
-                      args);
+                      rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, false, Capacity>, args);
 }
 
 }  // namespace rope::cuda_detail
