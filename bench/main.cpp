@@ -3,18 +3,14 @@
 // RoPE is memory bound, so the question is how close a backend gets to the memory system's limit. For each
 // backend, shape, position form and thread count, rope-bench reports the median time of one call, the bytes
 // it moves (q and k each read once and written once), the bandwidth that implies, and that bandwidth as a
-// percentage of a copy of the same bytes timed in the same run. The method of "% of copy" is stated once, in
-// bench/timing/timing.hpp (host_timing.hpp and cuda_timing.hpp: the two clocks and their ceilings). Here:
+// percentage of a copy of the same bytes timed in the same run: the method, runs and ceilings included, is
+// stated once in bench/timing/timing.hpp (and cuda_timing.hpp for the GPU). Here:
 // - Inputs hold random non-zero values (no zero or denormal shortcuts), in enough sets of q and k to span
-//   twice the host's last-level cache or the GPU's L2: every call reads from memory, not cache.
+//   twice the host's last-level cache or the GPU's L2.
 // - The clock times Backend::run on plans built beforehand: validation (rope::make_plan) and the copies of the
 //   position arrays and of a cos/sin table to the device happen once per set, outside it. Backend::run trusts
 //   its plan, so each backend's first call goes through rope::apply, which refuses what the backend does not
 //   implement (e.g. --precise): its row says "unsupported: <why>" instead of timing something else.
-// - CPU rows (timing clock) time each call alone, alternating with the ceilings; GPU rows time batches of
-//   calls with CUDA events (events) or replays of a CUDA graph (--graph: graph).
-// - --runs R repeats the whole measurement (calls and ceiling) R times and reports the run with the median
-//   ratio, and the smallest and largest ratios (pct_min, pct_max): the ratio's own noise.
 // - Position forms (bench/forms.hpp) change what the positions are; the bytes moved, and so the ceiling, stay
 //   those of q and k.
 #include <algorithm>
@@ -29,7 +25,7 @@
 #include <vector>
 
 #include "forms.hpp"
-#include "host_timing.hpp"
+#include "timing.hpp"
 #include "options.hpp"
 #include "report.hpp"
 #include "rope/buffer.hpp"

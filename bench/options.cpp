@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <tuple>
 
 #include "rope/backend.hpp"
 
@@ -113,7 +114,8 @@ Options parse_options(int argc, const char* const* argv) {
     app.get_formatter()->column_width(34);
 
     std::vector<std::string> shape_texts;
-    std::string dtype = "fp32", style = "neox", layout = "bhsd", placement = "in", mrope, cp_text, packed_spec;
+    std::pair<int64_t, int64_t> cp{1, 0};
+    std::string dtype = "fp32", style = "neox", layout = "bhsd", placement = "in", mrope, packed_spec;
     app.add_option("--backend", options.backends, "backend to run (repeatable; default all)")
         ->check(CLI::IsMember(backend_names));
     app.add_option("--shape", shape_texts, "B,H,N,D: batch, q heads, tokens per sequence, head_dim "
@@ -143,7 +145,7 @@ Options parse_options(int argc, const char* const* argv) {
         ->check(at_least(0));
     app.add_flag("--graph", options.graph, "CUDA backends: time by replaying a CUDA graph of the calls");
     app.add_option("--packed", packed_spec, "packed sequences: MIN..MAX[:TOTAL] (drawn, fixed seed) or L,L,...");
-    app.add_option("--cp", cp_text, "SIZE,RANK: context-parallel shard of rank RANK of SIZE");
+    app.add_option("--cp", cp, "SIZE,RANK: context-parallel shard of rank RANK of SIZE")->delimiter(',');
     CLI::Option* mrope_option = app.add_option("--mrope", mrope, "M-RoPE sections: contiguous (Qwen2-VL) or "
                                                                  "interleaved (Qwen3-VL)")
                                     ->check(CLI::IsMember({"contiguous", "interleaved"}));
@@ -192,13 +194,9 @@ Options parse_options(int argc, const char* const* argv) {
         options.packed = parse_packed(packed_spec);
         if (layout_option->count() == 0) options.layout = rope::Layout::thd;
     }
-    if (!cp_text.empty()) {
-        const std::vector<int64_t> cp = parse_integers(cp_text, "--cp");
-        if (cp.size() != 2 || cp[0] < 1 || cp[1] >= cp[0])
-            throw UsageError("--cp: expected SIZE,RANK with SIZE >= 1 and 0 <= RANK < SIZE, got '" + cp_text + "'");
-        options.cp_size = cp[0];
-        options.cp_rank = cp[1];
-    }
+    if (cp.first < 1 || cp.second < 0 || cp.second >= cp.first)
+        throw UsageError("--cp: expected SIZE,RANK with SIZE >= 1 and 0 <= RANK < SIZE");
+    std::tie(options.cp_size, options.cp_rank) = cp;
     if (!mrope.empty()) {
         options.multi_axis = mrope == "contiguous" ? rope::AxisAssignment::mrope_contiguous
                                                    : rope::AxisAssignment::mrope_interleaved;

@@ -1,24 +1,20 @@
 #pragma once
 /// @file cuda_timing.hpp
-/// @brief Timing on the GPU: CUDA events around batches of back-to-back calls, or
-/// around the replay of a CUDA graph of the calls; and the copy ceiling, the
-/// fastest of four ways of copying the same bytes.
+/// @brief Timing on the GPU: CUDA events around batches of back-to-back calls, or around the replay of a
+/// CUDA graph of the calls; and the copy ceiling, the fastest of four ways of copying the same bytes.
 ///
-/// Built only when rope has CUDA (ROPE_BENCH_CUDA). Streams are passed as
-/// `void*` (a cudaStream_t, null for the legacy default stream), as
-/// rope::RopeArgs carries them, so this header needs no CUDA header.
+/// Built only when rope has CUDA (ROPE_BENCH_CUDA). Streams are passed as `void*` (a cudaStream_t, null for
+/// the legacy default stream), as rope::RopeArgs carries them, so this header needs no CUDA header.
 ///
 /// Two facts shape the method (both measured on an H200):
-/// - A repetition of one call between two events includes the launch (about
-///   3 us): the GPU is idle when the first event is recorded. So events time a
-///   batch of calls lasting at least 1 ms, and only one launch gap per batch
-///   remains (under 0.3%).
-/// - A CUDA graph's memcpy node of 512 MiB or more runs at about 2.7 TB/s where
-///   cudaMemcpyAsync issued directly runs at 4.2 TB/s, and a small copy runs
-///   faster replayed from a graph than issued directly. No single way of copying
-///   is the fastest at every size, so the ceiling is the fastest of: memcpy and
-///   a 16-byte copy kernel (copy16), each timed back to back with events and by
-///   graph replay. Every timing mode of the calls is divided by that same ceiling.
+/// - A repetition of one call between two events includes the launch (about 3 us): the GPU is idle when
+///   the first event is recorded. So events time a batch of calls lasting at least 1 ms, and only one
+///   launch gap per batch remains (under 0.3%).
+/// - A CUDA graph's memcpy node of 512 MiB or more runs at about 2.7 TB/s where cudaMemcpyAsync issued
+///   directly runs at 4.2 TB/s, and a small copy runs faster replayed from a graph than issued directly.
+///   No single way of copying is the fastest at every size, so the ceiling is the fastest of: memcpy and a
+///   16-byte copy kernel (copy16), each timed back to back with events and by graph replay. Every timing
+///   mode of the calls is divided by that same ceiling.
 
 #include <cstddef>
 #include <cstdint>
@@ -28,16 +24,16 @@
 
 namespace rope_bench {
 
-/// @brief Timed repetitions when the caller has no reason to choose (rope-bench without
-/// --reps, chapter 4's ladder): each lasts at least 1 ms, so about a tenth of a second per timing.
+/// @brief Timed repetitions when the caller has no reason to choose (rope-bench without --reps, chapter
+/// 4's ladder): each lasts at least 1 ms, so about a tenth of a second per timing.
 inline constexpr int kDefaultGpuReps = 50;
 
-/// @brief Issues call number `call` of the work being timed, on the stream the timing
-/// function was given (e.g. call c works on set c % sets).
+/// @brief Issues call number `call` of the work being timed, on the stream the timing function was given
+/// (e.g. call c works on set c % sets).
 using Launch = std::function<void(int64_t call)>;
 
-/// @brief An owned non-blocking CUDA stream: graph capture needs a stream other
-/// than the legacy default one, and non-blocking keeps it independent of that one.
+/// @brief An owned non-blocking CUDA stream: graph capture needs a stream other than the legacy default
+/// one, and non-blocking keeps it independent of that one.
 class CudaStream {
 public:
     CudaStream();
@@ -53,40 +49,36 @@ private:
 
 /// @brief How calls are timed on the GPU.
 enum class GpuClock {
-    /// CUDA events around a batch of back-to-back calls (at least 1 ms of them):
-    /// what a program that launches kernels one after another sees.
+    /// CUDA events around a batch of back-to-back calls (at least 1 ms of them): what a program that
+    /// launches kernels one after another sees.
     events,
-    /// CUDA events around the replay of one captured graph of whole passes over
-    /// the sets (at least 1 ms of calls): the GPU's own time per call without the
-    /// host's launch overhead, what a program that uses graphs sees. Needs a
-    /// stream other than the legacy default one.
+    /// CUDA events around the replay of one captured graph of whole passes over the sets (at least 1 ms of
+    /// calls): the GPU's own time per call without the host's launch overhead, what a program that uses
+    /// graphs sees. Needs a stream other than the legacy default one.
     graph,
 };
 
 /// @brief Median microseconds per call of @p launch.
 ///
-/// Warms up with one call on every set, then picks the calls per repetition so
-/// that a repetition lasts at least 1 ms, and times @p reps repetitions with
-/// @p clock. Graph replays hold a whole number of passes over the sets, so that
-/// a set's next visit, even in the next replay, comes after every other set.
+/// Warms up with one call on every set, then picks the calls per repetition so that a repetition lasts at
+/// least 1 ms, and times @p reps repetitions with @p clock. Graph replays hold a whole number of passes
+/// over the sets, so that a set's next visit, even in the next replay, comes after every other set.
 /// @param sets how many sets the calls rotate through (launch(c) uses set c % sets).
-/// @param stream where @p launch issues its work (GpuClock::graph: not the legacy default stream).
+/// @param stream where @p launch issues its work.
 double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets, void* stream);
 
-/// @brief The copy ceiling: set_bytes copied from inputs to copy_destination, set by set.
-///
-/// Candidates, each timed as cuda_call_us times calls (on a stream of its own):
-/// "memcpy-events", "memcpy-graph" (cudaMemcpyAsync device to device),
-/// "copy16-events", "copy16-graph" (cuda_copy16_async). The fastest is the ceiling.
+/// @brief The copy ceiling: set_bytes copied from inputs to copy_destination, set by set, timed as
+/// cuda_call_us times calls (on a stream of its own) as "memcpy-events", "memcpy-graph" (cudaMemcpyAsync
+/// device to device), "copy16-events" and "copy16-graph" (cuda_copy16_async). The fastest is the ceiling.
 Ceiling cuda_copy_ceiling(const Sets& sets, int reps);
 
-/// @brief One GPU run: @p launch timed with @p clock, then its copy ceiling on the same sets.
-/// @param reps repetitions, for the calls and for each ceiling candidate.
+/// @brief One GPU run: @p launch timed with @p clock, then its copy ceiling on the same sets, each with
+/// @p reps repetitions.
 Measurement cuda_measure(const Launch& launch, GpuClock clock, int reps, const Sets& sets, void* stream);
 
-/// @brief Enqueues the ceiling's copy kernel: @p bytes from @p source to @p destination with
-/// 16-byte loads and stores (both must be 16-byte aligned), as the fastest RoPE kernels move
-/// their data. Throws rope::Error if a pointer is misaligned.
+/// @brief Enqueues the ceiling's copy kernel: @p bytes from @p source to @p destination with 16-byte loads
+/// and stores (both must be 16-byte aligned), as the fastest RoPE kernels move their data. Throws
+/// rope::Error if a pointer is misaligned.
 void cuda_copy16_async(void* destination, const void* source, std::size_t bytes, void* stream);
 
 /// @brief Size of the current device's L2 cache in bytes (cudaDevAttrL2CacheSize).
