@@ -8,7 +8,7 @@ through each Python path, for each host backend.
 Rows: torch.ops.rope.apply_ (the registered operator: PyTorch's dispatcher, then
 rope's C++ kernel where rope/_torch_ops.so is loaded, else the Python custom_op;
 the first line says which), rope.ops.rope_ (eager: that C++ kernel without the
-dispatcher, rope._torch_ops.apply_), rope.ops.rope_ (DLPack) (the same call
+dispatcher, rope._torch_ops.rope_), rope.ops.rope_ (DLPack) (the same call
 through rope._rope, as rope_ makes it where the library is not loaded),
 rope.apply (the generic DLPack entry point). The same q and
 k every call, so the data stays in cache: the numbers are per-call overhead plus a

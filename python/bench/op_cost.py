@@ -7,7 +7,7 @@ next to rope-bench's C++ call, timed the same way in the same run.
 Rows (fp32, neox, in place, k with 32 heads as rope-bench's default, positions 0):
   rope-bench            the C++ Backend::run of a prebuilt plan (bench/main.cpp)
   rope.ops.rope_        the Python function in eager code: the operator's C++ kernel called
-                        without the dispatcher (rope._torch_ops.apply_, python/torch_ops/eager.cpp)
+                        without the dispatcher (rope._torch_ops.rope_, python/torch_ops/eager.cpp)
   rope.ops.rope_ (DLPack) the same call the way rope_ makes it where rope/_torch_ops.so is not
                         loaded: through rope._rope and DLPack capsules (rope.ops._launch)
   torch.ops.rope.apply_ the registered operator: PyTorch's C++ dispatcher, then rope's C++

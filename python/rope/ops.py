@@ -11,7 +11,7 @@ registers two operators:
   dispatcher to rope's kernel with no Python in between; registered in Python
   (torch.library.custom_op) the dispatch cost about 17 us per call. In plain
   eager code rope_ calls the same C++ kernel without the dispatcher
-  (rope._torch_ops.apply_, python/torch_ops/eager.cpp). Where the
+  (rope._torch_ops.rope_, python/torch_ops/eager.cpp). Where the
   library was not built (PyTorch missing at build time, e.g. ``pip install .``
   in an isolated build environment) or was built for another PyTorch version,
   the same schema is registered with custom_op instead (``CPP_OPERATOR`` says which).
@@ -112,6 +112,9 @@ _cpp_operator = _load_cpp_operator()
 #: The path of the C++ operator library in use, or None where rope::apply_ is registered in Python.
 CPP_OPERATOR: Optional[str] = None if _cpp_operator is None else str(pathlib.Path(_cpp_operator.__file__).resolve())
 
+# rope_'s way into the C++ kernel in eager code (python/torch_ops/eager.cpp), where the library is loaded.
+_eager_entry = None if _cpp_operator is None else _cpp_operator.rope_
+
 
 def _apply_in_place(q: Tensor, k: Optional[Tensor], config: str, offset: int, ids: Optional[Tensor],
                     cu_seqlens: Optional[Tensor], starts: Optional[Tensor], cp_size: int, cp_rank: int,
@@ -204,29 +207,26 @@ def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None,
     backend, max_position). The kernel runs on PyTorch's current stream. Under
     torch.compile (or any tracing) the call is the operator torch.ops.rope.apply_;
     in plain eager code the same kernel is called without PyTorch's dispatcher
-    (its q and k version counters move as the operator's do).
+    (its q and k version counters move as the operator's do). A bad argument
+    raises rope.Error, before q or k is written.
     """
+    # Plain eager code: rope's C++ entry (python/torch_ops/eager.cpp) takes the arguments as
+    # given and runs the operator's kernel without PyTorch's dispatcher, which costs a few
+    # microseconds per call even for PyTorch's own operators (a decode step notices them). It
+    # returns False, having done nothing, where PyTorch must see the call (a mode, a tensor
+    # subclass) or an argument needs Python's conversion first (positions as a list); so does
+    # the check for torch.compile, where the call must be the operator in the graph.
+    # Measured (python/bench/op_cost.py on the H200; host_op_cost.py on a CPU): see docs/python.md.
+    if _eager_entry is not None and not torch.compiler.is_compiling() and _eager_entry(
+            q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend, max_position):
+        return q, k
     offset, ids, cu, st, cp_size, cp_rank, layout, backend = _arguments(q, config, positions, layout, cu_seqlens,
                                                                          starts, cp, backend)
-    if _eager(q):
-        # In plain eager code, where nothing traces or transforms the call, the
-        # kernel is called without PyTorch's dispatcher, which costs a few
-        # microseconds even with the C++ kernel (parsing 14 arguments against the
-        # schema, then three dispatch keys), and tens with the Python fallback:
-        # through the C++ library's own entry (python/torch_ops/eager.cpp: the
-        # operator's kernel, at::Tensor in hand) where it is loaded, else through
-        # rope._rope and DLPack. Measured (2026-12-03), [1,32,1,128] fp32: on the
-        # 2-core CI machine, cpu-eigen, one q and k (python/bench/host_op_cost.py),
-        # 5.4 us this way, 6.7 through DLPack, 7.4 through torch.ops.rope.apply_;
-        # on the H200 cycling through 3,840 pairs of CUDA tensors
-        # (python/bench/op_cost.py), 9.9, 9.1 and 9.5 us, within the rounds' spread
-        # of each other: there the three ways cost about the same.
-        if _cpp_operator is not None:
-            _cpp_operator.apply_(q, k, config.key, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
-                                 bool(inverse), backend, int(max_position))
-        else:
-            _launch(q, k, None, None, config._native, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
-                    bool(inverse), backend, int(max_position))
+    if _cpp_operator is None and _eager(q):
+        # No C++ library: the kernel through rope._rope and DLPack, still without the dispatcher
+        # (through it, the Python-registered operator costs tens of microseconds).
+        _launch(q, k, None, None, config._native, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
+                bool(inverse), backend, int(max_position))
     else:
         torch.ops.rope.apply_(q, k, config.key, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
                               bool(inverse), backend, int(max_position))

@@ -245,7 +245,7 @@ def test_in_place_operator_moves_the_version_counters():
 
 
 def test_eager_rope_is_the_cpp_kernel_without_the_dispatcher():
-    # rope.ops.rope_ in eager code calls rope._torch_ops.apply_ (python/torch_ops/eager.cpp): the
+    # rope.ops.rope_ in eager code calls rope._torch_ops.rope_ (python/torch_ops/eager.cpp): the
     # operator's kernel with the same results, the same version-counter moves, rope.Error for bad input.
     if not CPP_EXPECTED:
         pytest.skip("rope/_torch_ops.so was not built (PyTorch absent at build time): rope_ uses rope._rope")
@@ -281,6 +281,76 @@ def test_eager_rope_is_the_cpp_kernel_without_the_dispatcher():
     with pytest.raises(rope.Error, match=re.escape("k = numpy.ndarray: must be a torch.Tensor")):
         ops.rope_(q, k.numpy(), config, positions=ids)
     assert torch.equal(q, q_before)
+
+
+def test_eager_rope_leaves_to_the_dispatcher_what_pytorch_must_see():
+    # rope.ops.rope_'s C++ entry declines a call that a mode or a tensor subclass must see, and
+    # the argument forms that Python converts first: each such call goes through
+    # torch.ops.rope.apply_ (the mode below records it), with the same result as the plain call.
+    if not CPP_EXPECTED or os.environ.get("ROPE_PYTHON_OPERATOR") == "1":
+        pytest.skip("rope/_torch_ops.so not loaded: rope_ has no C++ entry")
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recording(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Seen(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Subclass(torch.Tensor):
+        pass
+
+    config = rope.Config(head_dim=16, base=300.0)
+    g = torch.Generator().manual_seed(11)
+    q0, k0 = torch.randn(1, 4, 6, 16, generator=g), torch.randn(1, 2, 6, 16, generator=g)
+    ids = [5, 1, 4, 4, 0, 9]
+    want_q, want_k = q0.clone(), k0.clone()
+    torch.ops.rope.apply_(want_q, want_k, config.key, 0, torch.tensor(ids), None, None, 1, 0, None, "bhsd", False,
+                          "cpu-naive", 0)
+    for mode in (Recording(), Seen()):
+        q, k = q0.clone(), k0.clone()
+        with mode:
+            ops.rope_(q, k, config, positions=torch.tensor(ids), backend="cpu-naive")
+        assert any("rope.apply_" in call for call in mode.calls), mode.calls
+        assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    # A subclass goes through __torch_function__ (the dispatcher's way); the data is rotated alike.
+    q, k = q0.clone().as_subclass(Subclass), k0.clone()
+    with Seen() as seen:
+        ops.rope_(q, k, config, positions=torch.tensor(ids), backend="cpu-naive")
+    assert any("rope.apply_" in call for call in seen.calls), seen.calls
+    assert torch.equal(q.as_subclass(torch.Tensor), want_q) and torch.equal(k, want_k)
+    # Positions as a list, cp as a list, a non-bool inverse: converted in Python, same results.
+    q, k = q0.clone(), k0.clone()
+    ops.rope_(q, k, config, positions=ids, cp=[1, 0], backend="cpu-naive")
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    ops.rope_(q, k, config, positions=torch.tensor(ids), inverse=1, backend="cpu-naive")
+    assert torch.allclose(q, q0, atol=1e-6) and torch.allclose(k, k0, atol=1e-6)
+    # The entry's own defaults: a 3-dimensional q is packed ("thd"), as rope.apply reads it.
+    packed_q, packed_k = torch.randn(6, 4, 16, generator=g), torch.randn(6, 2, 16, generator=g)
+    want_pq, want_pk = packed_q.clone(), packed_k.clone()
+    rope.apply(want_pq, want_pk, config, positions=2, backend="cpu-naive")
+    ops.rope_(packed_q, packed_k, config, positions=2, backend="cpu-naive")
+    assert torch.equal(packed_q, want_pq) and torch.equal(packed_k, want_pk)
+    # Not a tensor at all: rope.Error naming the argument, nothing written.
+    q = q0.clone()
+    with pytest.raises(rope.Error, match=re.escape("q = numpy.ndarray: must be a torch.Tensor")):
+        ops.rope_(q.numpy(), k0, config)
+    with pytest.raises(rope.Error, match=re.escape("cos_sin_cache = list: must be a torch.Tensor")):
+        ops.rope_(q, None, config, cos_sin_cache=[1.0, 0.0])
+    assert torch.equal(q, q0)
 
 
 def test_python_operator_still_works_where_the_library_is_not_used():

@@ -86,15 +86,12 @@ void bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
 
 void run_host(const KeyedConfig& keyed, rope_python::Call& call) { run_plan(keyed, call, false); }
 
-void rotate(Runner run, const at::Tensor& q, const std::optional<at::Tensor>& k, std::string_view config,
-            int64_t offset, const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& cu_seqlens,
-            const std::optional<at::Tensor>& starts, int64_t cp_size, int64_t cp_rank,
-            const std::optional<at::Tensor>& cos_sin_cache, std::string_view layout, bool inverse,
-            std::string_view backend, int64_t max_position) {
+void rotate(Runner run, const CallTensors& tensors, std::string_view config, int64_t offset, int64_t cp_size,
+            int64_t cp_rank, std::string_view layout, bool inverse, std::string_view backend, int64_t max_position) {
     // An inference tensor has no version counter, and PyTorch allows no in-place update of one outside
     // torch.inference_mode(): refused here, before the rotation, rather than by the version bump after it.
     if (!c10::InferenceMode::is_enabled()) {
-        for (const auto& [name, tensor] : {std::pair{"q", &q}, std::pair{"k", k ? &*k : nullptr}}) {
+        for (const auto& [name, tensor] : {std::pair{"q", tensors.q}, std::pair{"k", tensors.k}}) {
             if (tensor != nullptr && tensor->is_inference())
                 rope::fail(name, "an inference tensor",
                            "is rotated in place outside torch.inference_mode(), which PyTorch does not allow: "
@@ -103,7 +100,7 @@ void rotate(Runner run, const at::Tensor& q, const std::optional<at::Tensor>& k,
     }
     const KeyedConfig& keyed = config_for_key(config);
     const rope_python::CallOptions options{backend, layout, offset, cp_size, cp_rank, max_position, inverse, 0};
-    rope_python::Call call = prepare(keyed.config, q, k, ids, cu_seqlens, starts, cos_sin_cache, options);
+    rope_python::Call call = prepare(keyed.config, tensors, options);
     run(keyed, call);
 }
 
@@ -138,25 +135,23 @@ void run_plan(const KeyedConfig& keyed, const rope_python::Call& call, bool poin
     rope::detail::run_plan(*call.backend, plan);
 }
 
-rope_python::Call prepare(const rope::RopeConfig& config, const at::Tensor& q, const std::optional<at::Tensor>& k,
-                          const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& cu_seqlens,
-                          const std::optional<at::Tensor>& starts, const std::optional<at::Tensor>& cos_sin_cache,
+rope_python::Call prepare(const rope::RopeConfig& config, const CallTensors& tensors,
                           const rope_python::CallOptions& options) {
     rope_python::Array arrays[6];
-    auto take = [&](size_t slot, const char* name, const std::optional<at::Tensor>& tensor,
-                    bool written) -> const rope_python::Array* {
-        if (!tensor || !tensor->defined()) return nullptr;
+    auto take = [&](size_t slot, const char* name, const at::Tensor* tensor, bool written) -> const rope_python::Array* {
+        if (tensor == nullptr) return nullptr;
         arrays[slot] = array_of(name, *tensor, written);
         return &arrays[slot];
     };
+    if (tensors.q == nullptr) rope::fail("q", "None", "must be a torch.Tensor");
     rope_python::CallArrays call_arrays;
-    call_arrays.q = take(0, "q", q, true);
-    call_arrays.k = take(1, "k", k, true);
+    call_arrays.q = take(0, "q", tensors.q, true);
+    call_arrays.k = take(1, "k", tensors.k, true);
     // The names rope.apply and rope.ops.rope_ give them: the same message whichever way the call came.
-    call_arrays.ids = take(2, "positions", ids, false);
-    call_arrays.cu_seqlens = take(3, "cu_seqlens", cu_seqlens, false);
-    call_arrays.starts = take(4, "starts", starts, false);
-    call_arrays.cos_sin_cache = take(5, "cos_sin_cache", cos_sin_cache, false);
+    call_arrays.ids = take(2, "positions", tensors.ids, false);
+    call_arrays.cu_seqlens = take(3, "cu_seqlens", tensors.cu_seqlens, false);
+    call_arrays.starts = take(4, "starts", tensors.starts, false);
+    call_arrays.cos_sin_cache = take(5, "cos_sin_cache", tensors.cos_sin_cache, false);
     return rope_python::prepare_call(config, call_arrays, options);
 }
 

@@ -26,10 +26,28 @@
 
 namespace rope_torch {
 
+/// The operator's tensors, borrowed from the caller, who holds them for the call; null for None.
+///
+/// Pointers, not copies: copying an at::Tensor that has a Python object moves its reference
+/// count from 1 to 2, and PyTorch then takes the GIL to keep the Python object alive (and takes
+/// it again when the copy goes): four GIL round trips per call for q and k, which a decode step
+/// of a few microseconds notices.
+struct CallTensors {
+    const at::Tensor* q = nullptr;              ///< Rotated in place.
+    const at::Tensor* k = nullptr;              ///< Rotated in place; null: q only.
+    const at::Tensor* ids = nullptr;            ///< Positions by index (rope.ops: `positions`).
+    const at::Tensor* cu_seqlens = nullptr;     ///< Packed sequences' boundaries.
+    const at::Tensor* starts = nullptr;         ///< Each packed sequence's first position.
+    const at::Tensor* cos_sin_cache = nullptr;  ///< A caller's cos/sin table.
+};
+
+/// @p tensor borrowed: null for none or an undefined tensor.
+inline const at::Tensor* borrow(const std::optional<at::Tensor>& tensor) {
+    return tensor && tensor->defined() ? &*tensor : nullptr;
+}
+
 /// The operator's scalar arguments and its tensors, checked and assembled.
-rope_python::Call prepare(const rope::RopeConfig& config, const at::Tensor& q, const std::optional<at::Tensor>& k,
-                          const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& cu_seqlens,
-                          const std::optional<at::Tensor>& starts, const std::optional<at::Tensor>& cos_sin_cache,
+rope_python::Call prepare(const rope::RopeConfig& config, const CallTensors& tensors,
                           const rope_python::CallOptions& options);
 
 /// What a rope.Config.key stands for, read once per distinct key and kept for the process.
@@ -64,11 +82,8 @@ void run_cuda(const KeyedConfig& keyed, rope_python::Call& call);
 /// rope::apply_'s work, whoever calls it (the dispatcher's kernel below, or the eager entry of
 /// eager.cpp): checks every argument, then runs the call with @p run. Throws rope::Error, naming
 /// the bad argument, before anything is written.
-void rotate(Runner run, const at::Tensor& q, const std::optional<at::Tensor>& k, std::string_view config,
-            int64_t offset, const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& cu_seqlens,
-            const std::optional<at::Tensor>& starts, int64_t cp_size, int64_t cp_rank,
-            const std::optional<at::Tensor>& cos_sin_cache, std::string_view layout, bool inverse,
-            std::string_view backend, int64_t max_position);
+void rotate(Runner run, const CallTensors& tensors, std::string_view config, int64_t offset, int64_t cp_size,
+            int64_t cp_rank, std::string_view layout, bool inverse, std::string_view backend, int64_t max_position);
 
 inline std::string_view view(c10::string_view text) { return {text.data(), text.size()}; }
 
@@ -82,8 +97,8 @@ void apply_in_place(const at::Tensor& q, const std::optional<at::Tensor>& k, c10
                     const std::optional<at::Tensor>& cos_sin_cache, c10::string_view layout, bool inverse,
                     c10::string_view backend, int64_t max_position) {
     try {
-        rotate(run, q, k, view(config), offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache, view(layout),
-               inverse, view(backend), max_position);
+        const CallTensors tensors{&q, borrow(k), borrow(ids), borrow(cu_seqlens), borrow(starts), borrow(cos_sin_cache)};
+        rotate(run, tensors, view(config), offset, cp_size, cp_rank, view(layout), inverse, view(backend), max_position);
     } catch (const rope::Error& error) {
         TORCH_CHECK_VALUE(false, error.what());
     }
