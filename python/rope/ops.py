@@ -216,7 +216,7 @@ def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None,
     # returns False, having done nothing, where PyTorch must see the call (a mode, a tensor
     # subclass) or an argument needs Python's conversion first (positions as a list); so does
     # the check for torch.compile, where the call must be the operator in the graph.
-    # Measured (python/bench/op_cost.py on the H200; host_op_cost.py on a CPU): see docs/python.md.
+    # Measured with python/bench/op_cost.py on the H200: bench/results/h200.md, chapter 9.
     if _eager_entry is not None and not torch.compiler.is_compiling() and _eager_entry(
             q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend, max_position):
         return q, k
