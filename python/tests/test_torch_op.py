@@ -292,23 +292,19 @@ def test_eager_rope_leaves_to_the_dispatcher_what_pytorch_must_see():
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Recording(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
+    calls = []  # What the modes below saw, in order.
 
+    def record_and_run(func, args, kwargs):
+        calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+    class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.calls.append(str(func))
-            return func(*args, **(kwargs or {}))
+            return record_and_run(func, args, kwargs)
 
     class Seen(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.calls.append(str(func))
-            return func(*args, **(kwargs or {}))
+            return record_and_run(func, args, kwargs)
 
     class Subclass(torch.Tensor):
         pass
@@ -322,15 +318,17 @@ def test_eager_rope_leaves_to_the_dispatcher_what_pytorch_must_see():
                           "cpu-naive", 0)
     for mode in (Recording(), Seen()):
         q, k = q0.clone(), k0.clone()
+        calls.clear()
         with mode:
             ops.rope_(q, k, config, positions=torch.tensor(ids), backend="cpu-naive")
-        assert any("rope.apply_" in call for call in mode.calls), mode.calls
+        assert any("rope.apply_" in call for call in calls), calls
         assert torch.equal(q, want_q) and torch.equal(k, want_k)
     # A subclass goes through __torch_function__ (the dispatcher's way); the data is rotated alike.
     q, k = q0.clone().as_subclass(Subclass), k0.clone()
-    with Seen() as seen:
+    calls.clear()
+    with Seen():
         ops.rope_(q, k, config, positions=torch.tensor(ids), backend="cpu-naive")
-    assert any("rope.apply_" in call for call in seen.calls), seen.calls
+    assert any("rope.apply_" in call for call in calls), calls
     assert torch.equal(q.as_subclass(torch.Tensor), want_q) and torch.equal(k, want_k)
     # Positions as a list, cp as a list, a non-bool inverse: converted in Python, same results.
     q, k = q0.clone(), k0.clone()
