@@ -96,12 +96,14 @@ bool take_text(nb::handle object, std::string_view fallback, std::string_view& t
 
 // The rope.Config's key. Its attribute `_key` is read directly: the property `key` returns
 // the same string through a Python call. Anything but a rope.Config: the general way says so.
-bool take_config(nb::handle config, std::string_view& key) {
+// @p holder keeps the string alive while @p key points into it (the GIL is released during the
+// call, and another thread could replace the Config's attribute meanwhile).
+bool take_config(nb::handle config, nb::object& holder, std::string_view& key) {
     // Looked up once and kept for the process (a reference never given back: the type outlives every call).
     static PyObject* const config_type = nb::object(nb::module_::import_("rope._config").attr("Config")).release().ptr();
     if (!PyObject_TypeCheck(config.ptr(), reinterpret_cast<PyTypeObject*>(config_type))) return false;
-    const nb::object attribute = nb::getattr(config, "_key");
-    return take_text(attribute, {}, key) && !key.empty();
+    holder = nb::getattr(config, "_key");
+    return take_text(holder, {}, key) && !key.empty();
 }
 
 // rope.ops.rope_'s arguments, as given: true when the call ran, false when it must take the
@@ -119,8 +121,9 @@ bool rope_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positi
         CallTensors tensors;  // Borrowed from the arguments, which live until the call returns.
         if (!take_tensor("q", q, tensors.q) || !take_tensor("k", k, tensors.k)) return false;
         if (tensors.q == nullptr) rope::fail("q", "None", "must be a torch.Tensor");
+        nb::object key_holder;
         std::string_view key;
-        if (!take_config(config, key)) return false;
+        if (!take_config(config, key_holder, key)) return false;
         // positions: None (from 0), an int offset, or a tensor of ids (other forms: converted in Python).
         int64_t offset = 0;
         if (!positions.is_none() && !take_int(positions, offset)) {
