@@ -23,9 +23,19 @@ Rows (fp32, neox, in place, k with 32 heads as rope-bench's default, positions 0
 each with events timing (back-to-back calls: includes the host's cost per call
 when it exceeds the GPU's) and graph timing (CUDA-graph replay: the GPU's work
 alone), plus the copy ceiling (% of copy: against the faster of its two medians;
-rope-bench's rows against rope-bench's own ceiling). Every row is timed once per
-round, rounds interleaved (--rounds, default 3): the median over rounds and the
-fastest and slowest round. Writes OUTDIR/op_cost.csv and prints it.
+rope-bench's rows against rope-bench's own ceiling).
+
+Those rows rotate through enough sets of q and k to span twice the L2 (3840 at
+decode), so that every call reads memory. At decode the events timing is bound by
+the host, and rotating also makes each Python call touch a Python tensor object and
+a TensorImpl the host has not touched for 3839 calls, which rope-bench's loop over
+raw pointers does not. So the events rows are repeated on one set (sets 1: the
+same tensors every call, q and k hot in the L2; rope-bench with --llc-mb 0.001),
+where both sides have their host objects in cache: the host's own cost per call.
+
+Every row is timed once per round, rounds interleaved (--rounds, default 3): the
+median over rounds and the fastest and slowest round. Writes OUTDIR/op_cost.csv
+and prints it.
 """
 
 import argparse
@@ -63,34 +73,43 @@ def python_calls(sets):
 
 COPY = "copy (ceiling)"
 ROPE_BENCH = "rope-bench (C++)"
+ONE_SET_ROWS = ("rope.ops.rope_", "torch.ops.rope.apply_", "torch.ops.aten.copy_")
 
 
-def python_round(sets, calls, samples, failures):
-    """One round: every Python row, each timing, appended to samples[(what, timing)] in microseconds."""
-    for timing, measure in TIMINGS.items():
-        for name, call in calls.items():
-            try:
-                us = measure(call, sets.count)
-            except Exception as error:  # one row's failure (e.g. a capture PyTorch refuses) is reported, not fatal
-                failures[(name, timing)] = f"failed: {type(error).__name__}: {error}"[:200]
-                continue
-            samples.setdefault((name, timing), []).append(us)
+def python_round(sets, one_set, calls, one_set_calls, samples, failures):
+    """One round: every Python row, each timing, appended to samples[(what, timing, sets)] in microseconds;
+    then the one-set rows, events timing."""
+    jobs = [(name, timing, measure, call, sets.count) for timing, measure in TIMINGS.items()
+            for name, call in calls.items()]
+    jobs += [(name, "events", TIMINGS["events"], one_set_calls[name], one_set.count) for name in ONE_SET_ROWS]
+    for name, timing, measure, call, count in jobs:
+        key = (name, timing, count)
+        try:
+            us = measure(call, count)
+        except Exception as error:  # one row's failure (e.g. a capture PyTorch refuses) is reported, not fatal
+            failures[key] = f"failed: {type(error).__name__}: {error}"[:200]
+            continue
+        samples.setdefault(key, []).append(us)
 
 
-def rope_bench_round(rope_bench, samples, percents, failures):
-    """One round of rope-bench's C++ call, each timing: its median and its % of its own ceiling."""
-    for timing, flag in (("events", []), ("graph", ["--graph"])):
+def rope_bench_round(rope_bench, rotating, samples, percents, failures):
+    """One round of rope-bench's C++ call, each timing and on one set: its median and its % of its own ceiling,
+    under samples[(ROPE_BENCH, timing, sets)] and percents[(timing, sets)]."""
+    # --llc-mb 0.001: sets that span twice one KiB, i.e. one set.
+    for timing, flags, count in (("events", [], rotating), ("graph", ["--graph"], rotating),
+                                 ("events", ["--llc-mb", "0.001"], 1)):
         command = [rope_bench, "--backend", "cuda-optimized", "--shape", ",".join(map(str, SHAPE)), "--kv-heads",
-                   str(SHAPE[1]), "--dtype", "fp32", "--reps", "30", "--format", "csv", *flag]
+                   str(SHAPE[1]), "--dtype", "fp32", "--reps", "30", "--format", "csv", *flags]
         result = subprocess.run(command, capture_output=True, text=True)
         lines = [line for line in result.stdout.splitlines() if line.strip()]
         records = list(csv.DictReader(lines)) if result.returncode == 0 else []
-        if not records or records[0]["status"] != "ok":
-            failures[(ROPE_BENCH, timing)] = f"failed: {result.stderr[-200:]}"
+        key = (ROPE_BENCH, timing, count)
+        if not records or records[0]["status"] != "ok" or int(records[0]["sets"]) != count:
+            failures[key] = f"failed: {result.stderr[-200:]}" if not records else \
+                f"failed: status {records[0]['status']}, sets {records[0]['sets']} (expected {count})"
             continue
-        samples.setdefault((ROPE_BENCH, timing), []).append(float(records[0]["median_us"]))
-        percents.setdefault(timing, []).append(float(records[0]["pct_of_copy"]))
-        percents["sets"] = records[0]["sets"]
+        samples.setdefault(key, []).append(float(records[0]["median_us"]))
+        percents.setdefault(key, []).append(float(records[0]["pct_of_copy"]))
 
 
 def main():
@@ -104,37 +123,40 @@ def main():
         print("SKIPPED: no CUDA device")
         return 77
     sets = Sets(SHAPE, SHAPE, torch.float32)
+    one_set = Sets(SHAPE, SHAPE, torch.float32, count=1)
     calls = python_calls(sets)
+    one_set_calls = python_calls(one_set)
     samples, percents, failures = {}, {}, {}
     # Interleaved: the host's speed drifts by a microsecond or more within minutes, and a
     # row timed minutes after another would carry that drift into their difference.
     for _ in range(args.rounds):
         if args.rope_bench:
-            rope_bench_round(args.rope_bench, samples, percents, failures)
-        python_round(sets, calls, samples, failures)
+            rope_bench_round(args.rope_bench, sets.count, samples, percents, failures)
+        python_round(sets, one_set, calls, one_set_calls, samples, failures)
 
     median = {key: statistics.median(times) for key, times in samples.items()}
-    copies = [median[(COPY, timing)] for timing in TIMINGS if (COPY, timing) in median]
+    copies = [median[(COPY, timing, sets.count)] for timing in TIMINGS if (COPY, timing, sets.count) in median]
     ceiling = min(copies) if copies else None
     # The operator timed must be the C++ one (rope/_torch_ops.so); a row says so when it is not.
     operator = "ok" if ops.CPP_OPERATOR else "ok (Python custom_op: rope/_torch_ops.so not loaded)"
-    names = ([ROPE_BENCH] if args.rope_bench else []) + list(calls)
+    bench = [ROPE_BENCH] if args.rope_bench else []
+    keys = [(name, timing, sets.count) for timing in TIMINGS for name in bench + list(calls)]
+    keys += [(name, "events", 1) for name in bench + list(ONE_SET_ROWS)]
     rows = []
-    for timing in TIMINGS:
-        for name in names:
-            key = (name, timing)
-            if key not in median:
-                rows.append(dict(what=name, timing=timing, status=failures.get(key, "failed")))
-                continue
-            pct = (statistics.median(percents[timing]) if name == ROPE_BENCH
-                   else 100 * ceiling / median[key] if ceiling else None)
-            rows.append(dict(what=name, timing=timing, median_us=f"{median[key]:.2f}",
-                             pct_of_copy="" if pct is None else f"{pct:.1f}",
-                             sets=percents.get("sets", "") if name == ROPE_BENCH else sets.count,
-                             rounds=len(samples[key]), us_min=f"{min(samples[key]):.2f}",
-                             us_max=f"{max(samples[key]):.2f}",
-                             status=(f"{len(samples[key])} of {args.rounds} rounds; {failures[key]}" if key in failures
-                                     else operator if name == "torch.ops.rope.apply_" else "ok")))
+    for key in keys:
+        name, timing, count = key
+        if key not in median:
+            rows.append(dict(what=name, timing=timing, sets=count, status=failures.get(key, "failed")))
+            continue
+        # One set: q and k hot in the L2, no copy ceiling applies (the rows measure the host's cost per call).
+        pct = (None if count == 1 else statistics.median(percents[key]) if name == ROPE_BENCH
+               else 100 * ceiling / median[key] if ceiling else None)
+        status = operator if name == "torch.ops.rope.apply_" else "ok"
+        if key in failures:
+            status = f"{len(samples[key])} of {args.rounds} rounds; {failures[key]}"
+        rows.append(dict(what=name, timing=timing, median_us=f"{median[key]:.2f}",
+                         pct_of_copy="" if pct is None else f"{pct:.1f}", sets=count, rounds=len(samples[key]),
+                         us_min=f"{min(samples[key]):.2f}", us_max=f"{max(samples[key]):.2f}", status=status))
     os.makedirs(args.outdir, exist_ok=True)
     path = os.path.join(args.outdir, "op_cost.csv")
     columns = ["what", "timing", "median_us", "pct_of_copy", "sets", "rounds", "us_min", "us_max", "status"]
@@ -145,7 +167,7 @@ def main():
     print(f"decode [1,32,1,128] fp32, {torch.cuda.get_device_name()}; torch.ops.rope.apply_ from "
           f"{ops.CPP_OPERATOR or 'Python (custom_op)'}; medians of {args.rounds} interleaved rounds:")
     for row in rows:
-        print(f"  {row['what']:<24} {row['timing']:<7} {row.get('median_us', ''):>8} us  "
+        print(f"  {row['what']:<24} {row['timing']:<7} {row['sets']:>5} sets {row.get('median_us', ''):>8} us  "
               f"({row.get('us_min', '')}-{row.get('us_max', '')})  {row.get('pct_of_copy', ''):>6}% of copy  "
               f"{row.get('status', '')}")
     print(f"written: {path}")

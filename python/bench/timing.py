@@ -22,13 +22,14 @@ import torch
 
 
 class Sets:
-    """``count`` sets of (q, k) on the GPU, each set one contiguous buffer, random values in [-1, 1)."""
+    """``count`` sets of (q, k) on the GPU, each set one contiguous buffer, random values in [-1, 1):
+    enough to span twice the L2, or ``count`` if given (1: the same tensors every call, hot in the L2)."""
 
-    def __init__(self, q_shape, k_shape, dtype, l2_bytes=None):
+    def __init__(self, q_shape, k_shape, dtype, l2_bytes=None, count=None):
         q_elements, k_elements = _numel(q_shape), _numel(k_shape)
         set_bytes = (q_elements + k_elements) * torch.empty((), dtype=dtype).element_size()
         l2_bytes = l2_bytes or getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
-        self.count = max(2, -(-2 * l2_bytes // set_bytes))
+        self.count = count or max(2, -(-2 * l2_bytes // set_bytes))
         self.bytes_per_call = 2 * set_bytes  # q and k read once and written once
         g = torch.Generator(device="cuda").manual_seed(0)
         self.buffers = [torch.rand(q_elements + k_elements, generator=g, device="cuda").mul_(2).sub_(1).to(dtype)
