@@ -165,8 +165,8 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_flag("--ids", options.ids, "plain positions as an int64 ids tensor [N] shared by the batch")
         ->excludes(mrope_option)
         ->excludes("--axial");
-    app.add_option("--format", options.format, "table, csv or json (default table)")
-        ->check(CLI::IsMember({"table", "csv", "json"}));
+    app.add_option("--format", options.format, "table or csv (default table)")
+        ->check(CLI::IsMember({"table", "csv"}));
 
     options.usage = app.help();
     if (argc < 1 || argv == nullptr)
