@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <regex>
 #include <tuple>
 
 #include "rope/backend.hpp"
@@ -61,28 +62,16 @@ Shape parse_shape(const std::string& text) {
 PackedLengths parse_packed(const std::string& text) {
     PackedLengths packed;
     packed.enabled = true;
-    const std::size_t dots = text.find("..");
-    if (dots == std::string::npos) {
-        packed.lengths = parse_integers(text, "--packed");
+    std::smatch range;
+    if (!std::regex_match(text, range, std::regex(R"((\d+)\.\.(\d+)(:(\d+))?)"))) {
+        packed.lengths = parse_integers(text, "--packed (MIN..MAX[:TOTAL] or L,L,...)");
         return packed;
     }
-    const std::size_t colon = text.find(':', dots);
-    const std::size_t range_end_length = colon == std::string::npos ? std::string::npos : colon - dots - 2;
-    const std::string range_end = text.substr(dots + 2, range_end_length);
-    const std::vector<int64_t> low = parse_integers(text.substr(0, dots), "--packed (MIN of MIN..MAX)");
-    const std::vector<int64_t> high = parse_integers(range_end, "--packed (MAX of MIN..MAX)");
-    if (low.size() != 1 || high.size() != 1)
-        throw UsageError("--packed: expected MIN..MAX[:TOTAL] or a list L,L,..., got '" + text + "'");
-    packed.min_length = low[0];
-    packed.max_length = high[0];
-    if (colon != std::string::npos) {
-        const std::vector<int64_t> total = parse_integers(text.substr(colon + 1), "--packed (TOTAL)");
-        if (total.size() != 1 || total[0] < 1)
-            throw UsageError("--packed: TOTAL must be one integer >= 1 in '" + text + "'");
-        packed.total = total[0];
-    }
-    if (packed.min_length < 1 || packed.max_length < packed.min_length)
-        throw UsageError("--packed: need 1 <= MIN <= MAX, got '" + text + "'");
+    packed.min_length = parse_integers(range[1], "--packed (MIN)")[0];
+    packed.max_length = parse_integers(range[2], "--packed (MAX)")[0];
+    if (range[4].matched) packed.total = parse_integers(range[4], "--packed (TOTAL)")[0];
+    if (packed.min_length < 1 || packed.max_length < packed.min_length || (range[4].matched && packed.total < 1))
+        throw UsageError("--packed: need 1 <= MIN <= MAX and TOTAL >= 1, got '" + text + "'");
     return packed;
 }
 
@@ -165,8 +154,8 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_flag("--ids", options.ids, "plain positions as an int64 ids tensor [N] shared by the batch")
         ->excludes(mrope_option)
         ->excludes("--axial");
-    app.add_option("--format", options.format, "table, csv or json (default table)")
-        ->check(CLI::IsMember({"table", "csv", "json"}));
+    app.add_option("--format", options.format, "table or csv (default table)")
+        ->check(CLI::IsMember({"table", "csv"}));
 
     options.usage = app.help();
     if (argc < 1 || argv == nullptr)

@@ -61,7 +61,7 @@ struct Options {
     std::vector<int64_t> sections;
     bool table = false;                 ///< --table: a caller's cos/sin table (RopeArgs::cos_sin_cache).
     bool ids = false;                   ///< --ids: the plain positions as an int64 ids tensor in memory.
-    std::string format = "table";       ///< table, csv or json.
+    std::string format = "table";       ///< table or csv.
     bool help = false;                  ///< --help: print usage and do nothing else.
     std::string usage;                  ///< The help text (always filled).
 };

@@ -10,7 +10,7 @@ namespace {
 
 struct Cell {
     std::string text;
-    bool number = false;  // Right-aligned in a table, unquoted in JSON (null when empty).
+    bool number = false;  // Right-aligned in a table.
 };
 using Cells = std::vector<std::pair<const char*, Cell>>;  // Column name, cell.
 
@@ -93,24 +93,6 @@ std::string csv_field(const std::string& text) {
     return quoted + "\"";
 }
 
-// A JSON string literal (error messages may hold quotes, backslashes or control characters).
-std::string json_string(const std::string& text) {
-    std::string quoted = "\"";
-    for (char c : text) {
-        const auto code = static_cast<unsigned char>(c);
-        char escaped[8];
-        if (c == '"' || c == '\\') {
-            quoted += {'\\', c};
-        } else if (code < 0x20) {
-            std::snprintf(escaped, sizeof escaped, "\\u%04x", unsigned(code));
-            quoted += escaped;
-        } else {
-            quoted += c;
-        }
-    }
-    return quoted + "\"";
-}
-
 }  // namespace
 
 void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format,
@@ -120,7 +102,7 @@ void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::stri
     if (format == "table") {
         out << preamble << "\n";
         write_table(out, cells);
-    } else if (format == "csv") {
+    } else {  // csv
         const std::vector<std::string> columns = column_names();
         for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c];
         out << "\n";
@@ -128,19 +110,6 @@ void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::stri
             for (size_t c = 0; c < row.size(); ++c) out << (c ? "," : "") << csv_field(row[c].second.text);
             out << "\n";
         }
-    } else {  // json
-        out << "[\n";
-        for (size_t r = 0; r < cells.size(); ++r) {
-            out << "  {";
-            for (size_t c = 0; c < cells[r].size(); ++c) {
-                const auto& [name, cell] = cells[r][c];
-                std::string value = cell.number ? cell.text : json_string(cell.text);
-                if (value.empty()) value = "null";  // A number that was not measured.
-                out << (c ? ", " : "") << "\"" << name << "\": " << value;
-            }
-            out << (r + 1 < cells.size() ? "},\n" : "}\n");
-        }
-        out << "]\n";
     }
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 /// @file report.hpp
-/// @brief rope-bench's results: one row type, one writer for every format (an aligned table, CSV, JSON),
-/// the same columns in the same order in all three.
+/// @brief rope-bench's results: one row type, one writer for both formats (an aligned table, CSV), the same
+/// columns in the same order in both.
 
 #include <cstdint>
 #include <ostream>
@@ -31,7 +31,7 @@ struct Row {
     Summary summary;        ///< The measurement, when it ran.
 };
 
-/// @brief Writes @p rows in @p format ("table", "csv" or "json") to @p out; a table is preceded by
+/// @brief Writes @p rows in @p format ("table" or "csv") to @p out; a table is preceded by
 /// @p preamble (comment lines on the method and the machine).
 void write_rows(std::ostream& out, const std::vector<Row>& rows, const std::string& format,
                 const std::string& preamble);

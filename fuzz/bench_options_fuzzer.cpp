@@ -67,7 +67,7 @@ std::string broken_promise(const rope_bench::Options& options) {
         (options.sections.size() < 2 || int64_t(options.sections.size()) > rope::kMaxPositionAxes))
         return std::to_string(options.sections.size()) + " axial sections";
     if (options.multi_axis == rope::AxisAssignment::single && !options.sections.empty()) return "sections without --mrope";
-    if (options.format != "table" && options.format != "csv" && options.format != "json")
+    if (options.format != "table" && options.format != "csv")
         return "format '" + options.format + "'";
     return "";
 }

@@ -1,22 +1,15 @@
 # Runs Doxygen on a fresh html/ (no page of a removed chapter or symbol survives), then copies the MathJax
 # files the pages load into html/mathjax. WARN_AS_ERROR=FAIL_ON_WARNINGS: Doxygen reports every warning, then fails.
 #   cmake -DDOXYGEN=<doxygen> -DDOXYFILE=<Doxyfile> -DHTML_DIR=<html> -DMATHJAX_DIR=<libjs-mathjax>
-#         -DSTAMP=<file> [-DPAGES_DIR=<generated pages> -DTUTORIALS_DIR=<tutorials>] -P run_doxygen.cmake
+#         -DSTAMP=<file> -DPAGES_DIR=<generated pages> -DTUTORIALS_DIR=<tutorials> -P run_doxygen.cmake
 cmake_minimum_required(VERSION 3.25)  # script mode: today's policies (empty list elements kept)
-foreach(required DOXYGEN DOXYFILE HTML_DIR MATHJAX_DIR STAMP)
-    if(NOT DEFINED ${required})
-        message(FATAL_ERROR "run_doxygen.cmake: -D${required}=... is required")
-    endif()
-endforeach()
 file(REMOVE ${STAMP})
 file(REMOVE_RECURSE ${HTML_DIR})
 execute_process(COMMAND ${DOXYGEN} ${DOXYFILE} RESULT_VARIABLE status OUTPUT_VARIABLE printed ERROR_VARIABLE printed)
 if(printed)
     # A warning in a generated chapter page names the chapter's own file.
-    if(PAGES_DIR AND TUTORIALS_DIR)
-        string(REGEX REPLACE "${PAGES_DIR}/tutorial_([A-Za-z0-9_]+)\\.md"
-                             "${TUTORIALS_DIR}/\\1/chapter.md" printed "${printed}")
-    endif()
+    string(REGEX REPLACE "${PAGES_DIR}/tutorial_([A-Za-z0-9_]+)\\.md" "${TUTORIALS_DIR}/\\1/chapter.md"
+                         printed "${printed}")
     message("${printed}")
 endif()
 if(NOT status EQUAL 0)
