@@ -33,9 +33,12 @@ raw pointers does not. So the events rows are repeated on one set (sets 1: the
 same tensors every call, q and k hot in the L2; rope-bench with --llc-mb 0.001),
 where both sides have their host objects in cache: the host's own cost per call.
 
-Every row is timed once per round, rounds interleaved (--rounds, default 3): the
-median over rounds and the fastest and slowest round. Writes OUTDIR/op_cost.csv
-and prints it.
+Every row is timed once per round, rounds interleaved (--rounds, default 3; the
+one-set rows --one-set-rounds, default 7): the median over rounds and the fastest
+and slowest round. Last, the gap the goal is about, rope.ops.rope_ - rope-bench
+(C++), on the rotating sets and on one set: each round's difference (the two timed
+one after the other), then the median, fastest and slowest of those. Writes
+OUTDIR/op_cost.csv and prints it.
 """
 
 import argparse
@@ -74,42 +77,50 @@ def python_calls(sets):
 COPY = "copy (ceiling)"
 ROPE_BENCH = "rope-bench (C++)"
 ONE_SET_ROWS = ("rope.ops.rope_", "torch.ops.rope.apply_", "torch.ops.aten.copy_")
+GAP = "rope.ops.rope_ - rope-bench (C++)"
 
 
-def python_round(sets, one_set, calls, one_set_calls, samples, failures):
-    """One round: every Python row, each timing, appended to samples[(what, timing, sets)] in microseconds;
-    then the one-set rows, events timing."""
-    jobs = [(name, timing, measure, call, sets.count) for timing, measure in TIMINGS.items()
-            for name, call in calls.items()]
-    jobs += [(name, "events", TIMINGS["events"], one_set_calls[name], one_set.count) for name in ONE_SET_ROWS]
-    for name, timing, measure, call, count in jobs:
+def time_rows(jobs, samples, failures):
+    """Times each (name, timing, call, count) job once, appending microseconds to samples[(name, timing, count)]."""
+    for name, timing, call, count in jobs:
         key = (name, timing, count)
         try:
-            us = measure(call, count)
+            us = TIMINGS[timing](call, count)
         except Exception as error:  # one row's failure (e.g. a capture PyTorch refuses) is reported, not fatal
             failures[key] = f"failed: {type(error).__name__}: {error}"[:200]
             continue
         samples.setdefault(key, []).append(us)
 
 
-def rope_bench_round(rope_bench, rotating, samples, percents, failures):
-    """One round of rope-bench's C++ call, each timing and on one set: its median and its % of its own ceiling,
-    under samples[(ROPE_BENCH, timing, sets)] and percents[(timing, sets)]."""
-    # --llc-mb 0.001: sets that span twice one KiB, i.e. one set.
-    for timing, flags, count in (("events", [], rotating), ("graph", ["--graph"], rotating),
-                                 ("events", ["--llc-mb", "0.001"], 1)):
-        command = [rope_bench, "--backend", "cuda-optimized", "--shape", ",".join(map(str, SHAPE)), "--kv-heads",
-                   str(SHAPE[1]), "--dtype", "fp32", "--reps", "30", "--format", "csv", *flags]
-        result = subprocess.run(command, capture_output=True, text=True)
-        lines = [line for line in result.stdout.splitlines() if line.strip()]
-        records = list(csv.DictReader(lines)) if result.returncode == 0 else []
-        key = (ROPE_BENCH, timing, count)
-        if not records or records[0]["status"] != "ok" or int(records[0]["sets"]) != count:
-            failures[key] = f"failed: {result.stderr[-200:]}" if not records else \
-                f"failed: status {records[0]['status']}, sets {records[0]['sets']} (expected {count})"
-            continue
-        samples.setdefault(key, []).append(float(records[0]["median_us"]))
-        percents.setdefault(key, []).append(float(records[0]["pct_of_copy"]))
+def rope_bench_run(rope_bench, timing, count, samples, percents, failures):
+    """One rope-bench run of the C++ call on ``count`` sets (1: --llc-mb 0.001, sets that span twice one KiB):
+    its median under samples[(ROPE_BENCH, timing, count)], its % of its own ceiling under percents."""
+    flags = (["--graph"] if timing == "graph" else []) + (["--llc-mb", "0.001"] if count == 1 else [])
+    command = [rope_bench, "--backend", "cuda-optimized", "--shape", ",".join(map(str, SHAPE)), "--kv-heads",
+               str(SHAPE[1]), "--dtype", "fp32", "--reps", "30", "--format", "csv", *flags]
+    result = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    records = list(csv.DictReader(lines)) if result.returncode == 0 else []
+    key = (ROPE_BENCH, timing, count)
+    if not records or records[0]["status"] != "ok" or int(records[0]["sets"]) != count:
+        failures[key] = (f"failed: {result.stderr[-200:]}" if not records else
+                         f"failed: status {records[0]['status']}, sets {records[0]['sets']} (expected {count})")
+        return
+    samples.setdefault(key, []).append(float(records[0]["median_us"]))
+    percents.setdefault(key, []).append(float(records[0]["pct_of_copy"]))
+
+
+def gap_row(samples, count):
+    """rope.ops.rope_ minus rope-bench's C++ call, events, on ``count`` sets: the difference of each round
+    (both timed in it, one after the other), then their median, fastest and slowest; None unless every round
+    timed both."""
+    ours, theirs = samples.get(("rope.ops.rope_", "events", count)), samples.get((ROPE_BENCH, "events", count))
+    if not ours or not theirs or len(ours) != len(theirs):
+        return None
+    gaps = [a - b for a, b in zip(ours, theirs)]
+    return dict(what=GAP, timing="events", median_us=f"{statistics.median(gaps):.2f}", sets=count,
+                rounds=len(gaps), us_min=f"{min(gaps):.2f}", us_max=f"{max(gaps):.2f}",
+                status="ok (the median of the rounds' differences)")
 
 
 def main():
@@ -118,6 +129,7 @@ def main():
     parser.add_argument("--rope-bench", help="path of rope-bench, for the C++ rows")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds, each timing every row once (rope-bench first): medians over rounds")
+    parser.add_argument("--one-set-rounds", type=int, default=7, help="rounds of the one-set rows")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
@@ -129,10 +141,18 @@ def main():
     samples, percents, failures = {}, {}, {}
     # Interleaved: the host's speed drifts by a microsecond or more within minutes, and a
     # row timed minutes after another would carry that drift into their difference.
+    rotating = [(name, timing, call, sets.count) for timing in TIMINGS for name, call in calls.items()]
     for _ in range(args.rounds):
+        for timing in TIMINGS if args.rope_bench else ():
+            rope_bench_run(args.rope_bench, timing, sets.count, samples, percents, failures)
+        time_rows(rotating, samples, failures)
+    # One set: rope-bench's call, then the Python rows right after it, in rounds of their own (a
+    # round of these takes a few seconds, so there can be more of them).
+    hot = [(name, "events", one_set_calls[name], 1) for name in ONE_SET_ROWS]
+    for _ in range(args.one_set_rounds):
         if args.rope_bench:
-            rope_bench_round(args.rope_bench, sets.count, samples, percents, failures)
-        python_round(sets, one_set, calls, one_set_calls, samples, failures)
+            rope_bench_run(args.rope_bench, "events", 1, samples, percents, failures)
+        time_rows(hot, samples, failures)
 
     median = {key: statistics.median(times) for key, times in samples.items()}
     copies = [median[(COPY, timing, sets.count)] for timing in TIMINGS if (COPY, timing, sets.count) in median]
@@ -153,10 +173,11 @@ def main():
                else 100 * ceiling / median[key] if ceiling else None)
         status = operator if name == "torch.ops.rope.apply_" else "ok"
         if key in failures:
-            status = f"{len(samples[key])} of {args.rounds} rounds; {failures[key]}"
+            status = f"{len(samples[key])} rounds; {failures[key]}"
         rows.append(dict(what=name, timing=timing, median_us=f"{median[key]:.2f}",
                          pct_of_copy="" if pct is None else f"{pct:.1f}", sets=count, rounds=len(samples[key]),
                          us_min=f"{min(samples[key]):.2f}", us_max=f"{max(samples[key]):.2f}", status=status))
+    rows += [row for row in (gap_row(samples, sets.count), gap_row(samples, 1)) if row]
     os.makedirs(args.outdir, exist_ok=True)
     path = os.path.join(args.outdir, "op_cost.csv")
     columns = ["what", "timing", "median_us", "pct_of_copy", "sets", "rounds", "us_min", "us_max", "status"]
@@ -165,7 +186,7 @@ def main():
         writer.writeheader()
         writer.writerows({c: row.get(c, "") for c in columns} for row in rows)
     print(f"decode [1,32,1,128] fp32, {torch.cuda.get_device_name()}; torch.ops.rope.apply_ from "
-          f"{ops.CPP_OPERATOR or 'Python (custom_op)'}; medians of {args.rounds} interleaved rounds:")
+          f"{ops.CPP_OPERATOR or 'Python (custom_op)'}; medians of interleaved rounds:")
     for row in rows:
         print(f"  {row['what']:<24} {row['timing']:<7} {row['sets']:>5} sets {row.get('median_us', ''):>8} us  "
               f"({row.get('us_min', '')}-{row.get('us_max', '')})  {row.get('pct_of_copy', ''):>6}% of copy  "
