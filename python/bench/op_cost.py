@@ -18,6 +18,10 @@ Rows (fp32, neox, in place, k with 32 heads as rope-bench's default, positions 0
                         dispatch keys, one small kernel launch): the floor PyTorch sets for any
                         operator called like torch.ops.rope.apply_ (q's values are overwritten,
                         which the timing of the other rows does not depend on)
+  torch.cuda._sleep(0)  the least a kernel launch from Python costs in PyTorch: one Python
+                        binding that launches a kernel of no work on the current stream, no
+                        dispatcher, no tensors (a private PyTorch function, in its tests for
+                        years): the floor under any Python call that launches a kernel
   rope.apply            the generic DLPack entry point (NumPy/CuPy/PyTorch alike)
   rope.ops.rope         the functional, differentiable operator (allocates its outputs)
 each with events timing (back-to-back calls: includes the host's cost per call
@@ -68,6 +72,7 @@ def python_calls(sets):
         "torch.ops.rope.apply_": lambda i: torch.ops.rope.apply_(sets.q[i], sets.k[i], key, 0, None, None, None,
                                                                  1, 0, None, "bhsd", False, "cuda-optimized", 0),
         "torch.ops.aten.copy_": lambda i: torch.ops.aten.copy_.default(sets.q[i], sets.k[i]),
+        LAUNCH_FLOOR: lambda i: torch.cuda._sleep(0),
         "rope.apply": lambda i: rope.apply(sets.q[i], sets.k[i], config, positions=0),
         "rope.ops.rope": lambda i: ops.rope(sets.q[i], sets.k[i], config, positions=0),
         COPY: sets.copy,
@@ -76,7 +81,8 @@ def python_calls(sets):
 
 COPY = "copy (ceiling)"
 ROPE_BENCH = "rope-bench (C++)"
-ONE_SET_ROWS = ("rope.ops.rope_", "torch.ops.rope.apply_", "torch.ops.aten.copy_")
+LAUNCH_FLOOR = "torch.cuda._sleep(0)"
+ONE_SET_ROWS = ("rope.ops.rope_", "torch.ops.rope.apply_", "torch.ops.aten.copy_", LAUNCH_FLOOR)
 GAP = "rope.ops.rope_ - rope-bench (C++)"
 
 
@@ -168,8 +174,9 @@ def main():
         if key not in median:
             rows.append(dict(what=name, timing=timing, sets=count, status=failures.get(key, "failed")))
             continue
-        # One set: q and k hot in the L2, no copy ceiling applies (the rows measure the host's cost per call).
-        pct = (None if count == 1 else statistics.median(percents[key]) if name == ROPE_BENCH
+        # One set: q and k hot in the L2, no copy ceiling applies (the rows measure the host's cost per call);
+        # the launch floor moves no bytes.
+        pct = (None if count == 1 or name == LAUNCH_FLOOR else statistics.median(percents[key]) if name == ROPE_BENCH
                else 100 * ceiling / median[key] if ceiling else None)
         status = operator if name == "torch.ops.rope.apply_" else "ok"
         if key in failures:
