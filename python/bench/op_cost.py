@@ -35,7 +35,9 @@ the host, and rotating also makes each Python call touch a Python tensor object 
 a TensorImpl the host has not touched for 3839 calls, which rope-bench's loop over
 raw pointers does not. So the events rows are repeated on one set (sets 1: the
 same tensors every call, q and k hot in the L2; rope-bench with --llc-mb 0.001),
-where both sides have their host objects in cache: the host's own cost per call.
+which tells that cost apart from the rest. (On the H200 at 7863098 it was not what
+separates the two: on one set rope-bench got faster and the Python call did not;
+bench/results/h200.md.)
 
 Every row is timed once per round, rounds interleaved (--rounds, default 3; the
 one-set rows --one-set-rounds, default 7): the median over rounds and the fastest
