@@ -28,12 +28,13 @@ namespace {
 constexpr int kSmallCapacity = 64;
 
 /// The launch, per regime, as measured best by rope-tune on the H200
-/// (2026-12-02 and 2026-12-03; bench/results/h200-tune.csv):
+/// (2026-12-02 to 2026-12-04; bench/results/h200-tune.csv):
 /// - bandwidth regime: batches of 4 rows loaded before use, no software
 ///   pipeline, default caching (streaming hints and the pipeline measured
-///   0.5-3 points slower), 128-thread blocks; 8 rows per thread for float32,
-///   16 for the 2-byte types (whose chunk holds twice the pairs, so fewer
-///   threads share a token and each needs more rows to amortise its sincosf);
+///   0.5-3 points slower), 128-thread blocks; 8 rows per thread, whatever the
+///   dtype (for the 2-byte types 16 rows share each sincosf twice as widely,
+///   but two sweeps measured 8 ahead by 0.7-1.9 points on bshd, out of place
+///   and on [4,32,2048,128], and even elsewhere);
 ///   units laid over q's memory order (RowOrder::memory: neighbouring heads of
 ///   a token for bshd and thd, measured 2-4 points faster there than
 ///   neighbouring tokens; neighbouring tokens for bhsd); no register cap
@@ -42,8 +43,7 @@ constexpr int kSmallCapacity = 64;
 /// - any view the 16-byte path cannot take: the generic path, 4 rows in flight.
 template <typename Storage, Style kStyle, int Capacity>
 void launch_vector(const Plan& plan, const DeviceInfo& device) {
-    LaunchSettings settings;
-    settings.rows_per_slice = sizeof(Storage) == 4 ? 8 : 16;
+    const LaunchSettings settings;
     using Path = VectorPath<Storage, kStyle, DefaultAccess>;
     if (bandwidth_regime(plan, chunks_per_row<Path>(plan), device, settings.block_threads))
         launch_units<Storage, Path, 4, false, 1, Capacity>(plan, device, settings);
