@@ -34,7 +34,7 @@ constexpr int kSmallCapacity = 64;
 ///   0.5-3 points slower), 128-thread blocks; 8 rows per thread, whatever the
 ///   dtype (for the 2-byte types 16 rows share each sincosf twice as widely,
 ///   but two sweeps measured 8 ahead by 0.7-1.9 points on bshd, out of place
-///   and on [4,32,2048,128], and even elsewhere);
+///   and on [4,32,2048,128], and level with 16 elsewhere);
 ///   units laid over q's memory order (RowOrder::memory: neighbouring heads of
 ///   a token for bshd and thd, measured 2-4 points faster there than
 ///   neighbouring tokens; neighbouring tokens for bhsd); no register cap
