@@ -830,22 +830,38 @@ public:
 
     int64_t size() const { return owners_ * tokens_; }
 
-    Cursor first() const { return with_row({first_sequence_, first_head_, 0, 0, {}}); }
+    Cursor first() const {
+        Cursor cursor{first_sequence_, first_head_, 0, 0, {}};
+        locate(cursor);
+        return cursor;
+    }
 
     // Row of the slab's cos/sin table that the cursor's token uses.
     int64_t table_row(const Cursor& cursor) const { return first_token_ + cursor.token; }
 
     // Steps @p cursor to the next row; only call it when there is one.
+    //
+    // The cursor is changed field by field, in place. Assigning it a whole new
+    // Cursor let the compiler write the fields one by one and then copy the
+    // struct with wide vector moves, which wait for those writes to finish: a
+    // stall on every row. Built for the processor (ROPE_NATIVE=ON), one thread,
+    // rows in L2, the 2-core VM: 42 -> 26 ns per fp32 row, 48 -> 25 per bf16
+    // row; the portable build was as fast either way (31 and 27 ns).
     void advance(Cursor& cursor) const {
         ++cursor.owner;
         if (++cursor.head == heads_) cursor.head = 0, ++cursor.sequence;
-        if (cursor.owner == owners_) cursor = {first_sequence_, first_head_, 0, cursor.token + 1, {}};
-        cursor = with_row(cursor);
+        if (cursor.owner == owners_) {
+            cursor.sequence = first_sequence_;
+            cursor.head = first_head_;
+            cursor.owner = 0;
+            ++cursor.token;
+        }
+        locate(cursor);
     }
 
 private:
     // Fills in the addresses of the cursor's row.
-    Cursor with_row(Cursor cursor) const {
+    void locate(Cursor& cursor) const {
         const int64_t q_heads = plan_.q.in_geometry.heads;
         const bool is_q = cursor.head < q_heads;
         const Operand& operand = is_q ? plan_.q : plan_.k;
@@ -854,11 +870,13 @@ private:
         const Geometry& in = operand.in_geometry;
         const Geometry& out = operand.out_geometry;
         const bool contiguous = in.stride_dim == 1 && out.stride_dim == 1;
-        cursor.row = {{static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0), in.stride_dim},
-                      {static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0), out.stride_dim},
-                      contiguous ? plan_.head_dim * int64_t(sizeof(Storage)) : 0,
-                      kernels_[is_q ? 0 : 1]};
-        return cursor;
+        HeadRow<Storage>& row = cursor.row;
+        row.in.data = static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0);
+        row.in.stride = in.stride_dim;
+        row.out.data = static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0);
+        row.out.stride = out.stride_dim;
+        row.prefetch_bytes = contiguous ? plan_.head_dim * int64_t(sizeof(Storage)) : 0;
+        row.kernel = kernels_[is_q ? 0 : 1];
     }
 
     const Plan& plan_;
