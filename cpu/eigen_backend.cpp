@@ -22,8 +22,8 @@
 //      positions); cpu-naive recomputes them per head.
 //   3. OpenMP threads each stream one contiguous stretch of memory (a range of
 //      heads, or of tokens, whichever is contiguous in the layout), also when
-//      decoding a single token, and prefetch the rows they rotate next;
-//      out-of-place float32 outputs of half-split pairs larger than the
+//      decoding a single token, in an order the processor's own prefetchers
+//      follow; out-of-place float32 outputs of half-split pairs larger than the
 //      last-level cache are written with streaming stores, by whole lines.
 //
 // Read top to bottom: the row kernels, the cos/sin table, the work split and
@@ -541,10 +541,8 @@ constexpr int64_t kBlockTableBytes = 64 * 1024;
 constexpr int64_t kHeadsSideBySide = 4;
 // Stretches per thread: enough that an uneven last stretch costs little.
 constexpr int64_t kStretchesPerThread = 8;
-// Bytes per cache line (x86-64 and most ARM cores): the unit of prefetching.
+// Bytes per cache line (x86-64 and most ARM cores): the unit memory moves in.
 constexpr int64_t kCacheLine = 64;
-// Rows requested ahead of the one being rotated (4 KiB at head_dim 128, fp32).
-constexpr int64_t kPrefetchRows = 8;
 // Bytes (read + written) each thread should have at least: waking a thread and
 // joining it costs microseconds (5 to 10 on the 2-core VM this was tuned on),
 // in which one core moves about this much. Below it, fewer threads are faster.
@@ -769,28 +767,18 @@ WorkSplit split_work(const Plan& plan, int64_t threads) {
 
 // One head row ready to rotate: where its input and output live, and the
 // kernel for its operand (q and k may differ in strides).
+//
+// No software prefetching: the walk's few streams (RowWalk) are what the
+// processor's own prefetchers follow. Asking for the next 8 rows with
+// prefetch instructions, as this backend did until 2026-12-04, cost 5 to 7 ns
+// per row with the rows in L2 (one thread, 2-core AMD EPYC VM) and, from
+// memory, lost 6.6 points of the ceiling on average over the 24 target rows
+// of bench-cpu (19 of 24 slower; 2 threads, the two builds alternating).
 template <typename Storage>
 struct HeadRow {
     Row<const Storage> in;
     Row<Storage> out;
-    int64_t prefetch_bytes;  // Bytes of the row to prefetch; 0 for strided rows.
     RowKernel<Storage> kernel;
-
-    // Asks the memory system for this row ahead of its use. RoPE computes for
-    // a while on every row it loads, and memory left idle meanwhile is
-    // bandwidth lost; hardware prefetchers also stall at every jump from one
-    // head to the next. So the loop names the rows it will need soon itself:
-    // the input, and a separate output too unless it is streamed (streaming
-    // stores never read it).
-    void prefetch(bool streaming) const {
-        const char* read = reinterpret_cast<const char*>(in.data);
-        const char* write = reinterpret_cast<const char*>(out.data);
-        const bool fetch_output = write != read && !streaming;
-        for (int64_t byte = 0; byte < prefetch_bytes; byte += kCacheLine) {
-            __builtin_prefetch(read + byte, 0);
-            if (fetch_output) __builtin_prefetch(write + byte, 1);
-        }
-    }
 };
 
 // The rows of one stretch, in the order a thread visits them: token by token,
@@ -869,13 +857,11 @@ private:
         const int64_t s = slab_first_token_ + first_token_ + cursor.token;
         const Geometry& in = operand.in_geometry;
         const Geometry& out = operand.out_geometry;
-        const bool contiguous = in.stride_dim == 1 && out.stride_dim == 1;
         HeadRow<Storage>& row = cursor.row;
         row.in.data = static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0);
         row.in.stride = in.stride_dim;
         row.out.data = static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0);
         row.out.stride = out.stride_dim;
-        row.prefetch_bytes = contiguous ? plan_.head_dim * int64_t(sizeof(Storage)) : 0;
         row.kernel = kernels_[is_q ? 0 : 1];
     }
 
@@ -966,20 +952,8 @@ private:
                 for (int64_t stretch = 0; stretch < split.stretches(slab); ++stretch) {
                     const RowWalk<Storage> walk(plan, kernels, split, slab, stretch);
                     const int64_t rows = walk.size();
-
-                    // Two cursors walk the same rows: `lead` runs kPrefetchRows ahead
-                    // and prefetches, `row` follows and rotates.
-                    auto lead = walk.first();
-                    int64_t requested = 0;  // Rows the lead has asked for.
-                    auto request_up_to = [&](int64_t count) {
-                        for (; requested < std::min(count, rows); ++requested) {
-                            lead.row.prefetch(streaming);
-                            if (requested + 1 < rows) walk.advance(lead);
-                        }
-                    };
                     auto row = walk.first();
                     for (int64_t i = 0; i < rows; ++i) {
-                        request_up_to(i + 1 + kPrefetchRows);
                         const int64_t entry = walk.table_row(row) * plan.pairs;
                         if (streaming) {
                             row.row.kernel(row.row.in, {finished_row, 1}, cos + entry, sin + entry, shape);
