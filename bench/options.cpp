@@ -31,6 +31,9 @@ Position forms (each measured against a copy of the same q and k bytes):
   axial     --axial S,S[,S]: the coordinates of a patch grid, S pairs per axis
   table     --table: a [max_position, rotary_dim] float32 cos/sin table built from rope's own
             frequencies, passed as RopeArgs::cos_sin_cache
+Bounds (beyond them an option is refused before any work): the ranges above; each of B, H, N, D from 1
+  to 2^31-1; q and k of one shape at most 2^34 elements; --table at most 2^24 rows (the position offset
+  plus the tokens times --cp SIZE); a --packed total or list adds up to the shape's B x N tokens.
 Examples:
   rope-bench --backend cpu-naive --shape 1,4,64,64 --reps 3
   rope-bench --backend cuda-optimized --shape 1,32,32768,128 --kv-heads 8 --dtype bf16 --packed 1..8192:32768 --runs 3
@@ -140,7 +143,7 @@ Options parse_options(int argc, const char* const* argv) {
                                      ->check(CLI::IsMember({"bhsd", "bshd", "thd"}));
     app.add_option("--placement", placement, "in: rotate in place (default); out: into separate outputs")
         ->check(CLI::IsMember({"in", "out"}));
-    app.add_option("--threads", options.threads, "CPU thread counts, e.g. 1,2 (0: OpenMP's default; at most 1024)")
+    app.add_option("--threads", options.threads, "CPU thread counts, e.g. 1,2 (0: OpenMP's default)")
         ->delimiter(',')
         ->check(within(0, kMaxThreads));
     app.add_option("--reps", options.reps, "timed repetitions per run (default: ~1 s on a CPU, 50 on a GPU)")
