@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <new>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -292,9 +293,16 @@ int main(int argc, char** argv) {
     try {
         const std::vector<rope_bench::Row> rows = rope_bench::measure_all(options, caches);
         rope_bench::write_rows(std::cout, rows, options.format, rope_bench::preamble(options, caches));
+        if (!std::cout.flush()) {  // E.g. a full disk: the results are lost, so the run failed.
+            std::cerr << "rope-bench: writing the results to standard output failed\n";
+            return 1;
+        }
     } catch (const rope_bench::UsageError& error) {
         std::cerr << "rope-bench: " << error.what() << "\n";
         return 2;
+    } catch (const std::bad_alloc&) {
+        std::cerr << "rope-bench: out of host memory for the q and k sets of these shapes\n";
+        return 1;
     } catch (const std::exception& error) {
         std::cerr << "rope-bench: " << error.what() << "\n";
         return 1;

@@ -7,7 +7,9 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <iomanip>
 #include <regex>
+#include <sstream>
 #include <tuple>
 
 #include "rope/backend.hpp"
@@ -29,6 +31,9 @@ Position forms (each measured against a copy of the same q and k bytes):
   axial     --axial S,S[,S]: the coordinates of a patch grid, S pairs per axis
   table     --table: a [max_position, rotary_dim] float32 cos/sin table built from rope's own
             frequencies, passed as RopeArgs::cos_sin_cache
+Bounds (beyond them an option is refused before any work): the ranges above; each of B, H, N, D from 1
+  to 2^31-1; q and k of one shape at most 2^34 elements; --table at most 2^24 rows (the position offset
+  plus the tokens times --cp SIZE); a --packed total or list adds up to the shape's B x N tokens.
 Examples:
   rope-bench --backend cpu-naive --shape 1,4,64,64 --reps 3
   rope-bench --backend cuda-optimized --shape 1,32,32768,128 --kv-heads 8 --dtype bf16 --packed 1..8192:32768 --runs 3
@@ -44,8 +49,9 @@ std::vector<int64_t> parse_integers(const std::string& text, const std::string& 
         const char* first = text.data() + begin;
         const char* last = text.data() + end;
         const auto [stop, error] = std::from_chars(first, last, value);
-        if (first == last || error != std::errc() || stop != last || value < 0)
-            throw UsageError(option + ": expected non-negative integers separated by commas, got '" + text + "'");
+        if (first == last || error != std::errc() || stop != last || value < 0 || value > kMaxSize)
+            throw UsageError(option + ": expected integers from 0 to " + std::to_string(kMaxSize) +
+                             " separated by commas, got '" + text + "'");
         values.push_back(value);
         if (end == text.size()) return values;
         begin = end + 1;
@@ -54,7 +60,8 @@ std::vector<int64_t> parse_integers(const std::string& text, const std::string& 
 
 Shape parse_shape(const std::string& text) {
     const std::vector<int64_t> sizes = parse_integers(text, "--shape");
-    if (sizes.size() != 4) throw UsageError("--shape: expected B,H,N,D (4 integers), got '" + text + "'");
+    if (sizes.size() != 4 || *std::min_element(sizes.begin(), sizes.end()) < 1)
+        throw UsageError("--shape: expected B,H,N,D (4 integers, each at least 1), got '" + text + "'");
     return {sizes[0], sizes[1], sizes[2], sizes[3]};
 }
 
@@ -75,18 +82,35 @@ PackedLengths parse_packed(const std::string& text) {
     return packed;
 }
 
-// A check that a number is at least `least` (CLI11's NonNegativeNumber prints its range as 0 to the largest double).
-CLI::Validator at_least(int least) {
+// A check that a number lies in [least, most], before any conversion to an integer or a size (CLI11 names the
+// option in front of the message; NaN and infinity fail it).
+CLI::Validator within(double least, double most) {
+    std::ostringstream range;
+    range << std::setprecision(15) << least << " to " << most;
     return CLI::Validator(
-        [least](std::string& text) {
+        [least, most, range = range.str()](std::string& text) {
             char* end = nullptr;
             const double value = std::strtod(text.c_str(), &end);
-            // NaN and infinity pass a plain `value < least` test (and would reach a size_t conversion).
-            if (end == text.c_str() || !std::isfinite(value) || value < least)
-                return "must be a finite number >= " + std::to_string(least) + ", got " + text;
+            if (end == text.c_str() || *end != '\0' || !(value >= least && value <= most))
+                return "must be a number from " + range + ", got " + text;
             return std::string();
         },
-        least == 0 ? "NONNEGATIVE" : "POSITIVE");
+        "[" + range.str() + "]");
+}
+
+// What a size of [B, N, H + K, D] elements refuses: more than kMaxElements, or, with --table, a table of more
+// than kMaxTableRows positions. Checked in long double, so no product overflows.
+void check_size(const Shape& shape, int64_t kv_heads, int64_t tokens, const Options& options) {
+    const long double elements = (long double)tokens * (long double)(shape.heads + kv_heads) * shape.head_dim;
+    if (elements > (long double)kMaxElements)
+        throw UsageError("--shape " + shape.text() + " with " + std::to_string(kv_heads) + " k heads and " +
+                         std::to_string(tokens) + " tokens: q and k hold more than " +
+                         std::to_string(kMaxElements) + " elements");
+    const long double rows = (long double)options.position_offset + (long double)tokens * options.cp_size;
+    if (options.table && rows > (long double)kMaxTableRows)
+        throw UsageError("--table with --position-offset " + std::to_string(options.position_offset) +
+                         " and --shape " + shape.text() + ": the table would have more than " +
+                         std::to_string(kMaxTableRows) + " rows");
 }
 
 }  // namespace
@@ -110,7 +134,7 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_option("--shape", shape_texts, "B,H,N,D: batch, q heads, tokens per sequence, head_dim "
                                            "(repeatable; default 1,32,4096,128)");
     app.add_option("--kv-heads", options.kv_heads, "k heads (default: as q; 0 rotates q only)")
-        ->check(at_least(0));
+        ->check(within(0, kMaxHeads));
     app.add_option("--dtype", dtype, "storage type: fp32, bf16 or fp16 (default fp32)")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
     app.add_option("--style", style, "pairs: neox (half-split) or gptj (interleaved) (default neox)")
@@ -121,17 +145,17 @@ Options parse_options(int argc, const char* const* argv) {
         ->check(CLI::IsMember({"in", "out"}));
     app.add_option("--threads", options.threads, "CPU thread counts, e.g. 1,2 (0: OpenMP's default)")
         ->delimiter(',')
-        ->check(at_least(0));
+        ->check(within(0, kMaxThreads));
     app.add_option("--reps", options.reps, "timed repetitions per run (default: ~1 s on a CPU, 50 on a GPU)")
-        ->check(at_least(0));
+        ->check(within(0, kMaxReps));
     app.add_option("--runs", options.runs, "whole measurements (call and ceiling) per row: the median ratio "
                                            "and its spread are reported (default 1)")
-        ->check(at_least(1));
+        ->check(within(1, kMaxRuns));
     app.add_option("--llc-mb", options.llc_mb, "cache (MiB) the rotating sets must span twice (default: detected)")
-        ->check(at_least(0));
+        ->check(within(0, kMaxCacheMiB));
     app.add_flag("--precise", options.precise, "RopeConfig::precise_angles (a backend without it: 'unsupported')");
     app.add_option("--position-offset", options.position_offset, "position of each sequence's first token (default 0)")
-        ->check(at_least(0));
+        ->check(within(0, kMaxPosition));
     app.add_flag("--graph", options.graph, "CUDA backends: time by replaying a CUDA graph of the calls");
     app.add_option("--packed", packed_spec, "packed sequences: MIN..MAX[:TOTAL] (drawn, fixed seed) or L,L,...");
     app.add_option("--cp", cp, "SIZE,RANK: context-parallel shard of rank RANK of SIZE")->delimiter(',');
@@ -143,12 +167,12 @@ Options parse_options(int argc, const char* const* argv) {
                                            "[24,20,20] interleaved, scaled to rotary_dim/2)")
         ->delimiter(',')
         ->expected(3)
-        ->check(at_least(1))
+        ->check(within(1, kMaxSize))
         ->needs(mrope_option);
     std::vector<int64_t> axial;
     app.add_option("--axial", axial, "axial RoPE: pairs per axis of a patch grid, e.g. 32,32 or 8,28,28")
         ->delimiter(',')
-        ->check(at_least(1))
+        ->check(within(1, kMaxSize))
         ->excludes(mrope_option);
     app.add_flag("--table", options.table, "rotate with a caller's cos/sin table built from rope's frequencies");
     app.add_flag("--ids", options.ids, "plain positions as an int64 ids tensor [N] shared by the batch")
@@ -183,8 +207,9 @@ Options parse_options(int argc, const char* const* argv) {
         options.packed = parse_packed(packed_spec);
         if (layout_option->count() == 0) options.layout = rope::Layout::thd;
     }
-    if (cp.first < 1 || cp.second < 0 || cp.second >= cp.first)
-        throw UsageError("--cp: expected SIZE,RANK with SIZE >= 1 and 0 <= RANK < SIZE");
+    if (cp.first < 1 || cp.first > kMaxThreads || cp.second < 0 || cp.second >= cp.first)
+        throw UsageError("--cp: expected SIZE,RANK with 1 <= SIZE <= " + std::to_string(kMaxThreads) +
+                         " and 0 <= RANK < SIZE, got " + std::to_string(cp.first) + "," + std::to_string(cp.second));
     std::tie(options.cp_size, options.cp_rank) = cp;
     if (!mrope.empty()) {
         options.multi_axis = mrope == "contiguous" ? rope::AxisAssignment::mrope_contiguous
@@ -197,6 +222,18 @@ Options parse_options(int argc, const char* const* argv) {
                              " pairs-per-axis counts, got " + std::to_string(axial.size()));
         options.multi_axis = rope::AxisAssignment::axial;
         options.sections = axial;
+    }
+    // Every size at once, before anything is allocated: each shape with its k heads and its tokens (a --packed
+    // total or list must hold the shape's B x N tokens, as make_form requires).
+    for (const Shape& shape : options.shapes) {
+        const int64_t kv_heads = options.kv_heads >= 0 ? options.kv_heads : shape.heads;
+        check_size(shape, kv_heads, shape.batch * shape.seq, options);
+        const PackedLengths& packed = options.packed;
+        int64_t total = packed.total;
+        for (int64_t length : packed.lengths) total += length;  // Each <= kMaxSize: no overflow for a sane count.
+        if (packed.enabled && total > 0 && total != shape.batch * shape.seq)
+            throw UsageError("--packed: the lengths total " + std::to_string(total) + " tokens but --shape " +
+                             shape.text() + " holds " + std::to_string(shape.batch * shape.seq) + " (B x N)");
     }
     return options;
 }

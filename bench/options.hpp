@@ -14,6 +14,19 @@
 
 namespace rope_bench {
 
+/// @name Bounds: a number beyond one is refused while parsing, before anything is allocated or started.
+/// @{
+constexpr int kMaxThreads = 1024;                      ///< --threads (each count) and --cp SIZE.
+constexpr int kMaxReps = 1000000;                      ///< --reps.
+constexpr int kMaxRuns = 100;                          ///< --runs.
+constexpr double kMaxCacheMiB = 65536;                 ///< --llc-mb (64 GiB).
+constexpr int64_t kMaxSize = (int64_t(1) << 31) - 1;   ///< Each of B, H, N, D, a --packed length or total, a section.
+constexpr int64_t kMaxHeads = int64_t(1) << 20;        ///< --kv-heads.
+constexpr int64_t kMaxPosition = (int64_t(1) << 31) - 1;  ///< --position-offset.
+constexpr int64_t kMaxElements = int64_t(1) << 34;     ///< q + k elements of one shape (64 GiB in fp32).
+constexpr int64_t kMaxTableRows = int64_t(1) << 24;    ///< --table: position offset + tokens x --cp SIZE.
+/// @}
+
 /// @brief One --shape B,H,N,D: batch, q heads, tokens per sequence, head_dim (thd: B x N packed tokens).
 struct Shape {
     int64_t batch = 1, heads = 32, seq = 4096, head_dim = 128;

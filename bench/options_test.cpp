@@ -24,94 +24,91 @@ rope_bench::Options parse(std::vector<std::string> arguments) {
 
 }  // namespace
 
-TEST_CASE("defaults: every backend, one shape, plain positions, one run") {
-    const rope_bench::Options options = parse({});
-    CHECK(options.backends.size() == rope::list_backends().size());
-    REQUIRE(options.shapes.size() == 1);
-    CHECK(options.shapes[0].heads == 32);
-    CHECK(options.shapes[0].seq == 4096);
-    CHECK(options.runs == 1);
-    CHECK(options.layout == rope::Layout::bhsd);
-    CHECK_FALSE(options.packed.enabled);
-    CHECK(options.multi_axis == rope::AxisAssignment::single);
-    CHECK_FALSE(options.help);
-}
-
-TEST_CASE("options are read as written") {
+TEST_CASE("defaults, and options read as written") {
+    const rope_bench::Options defaults = parse({});
+    CHECK(defaults.backends.size() == rope::list_backends().size());
+    REQUIRE(defaults.shapes.size() == 1);
+    CHECK(defaults.shapes[0].text() == "1,32,4096,128");
+    CHECK(defaults.layout == rope::Layout::bhsd);
     const rope_bench::Options options =
-        parse({"--backend", "cpu-naive", "--shape", "2,8,64,128", "--shape", "1,4,1,64", "--kv-heads", "2", "--dtype",
-               "bf16", "--style", "gptj", "--layout", "bshd", "--placement", "out", "--threads", "1,2", "--reps", "7",
-               "--runs", "3", "--position-offset", "4096", "--precise", "--graph", "--format", "csv"});
+        parse({"--backend", "cpu-naive", "--shape", "2,8,64,128", "--kv-heads", "2", "--dtype", "bf16", "--style",
+               "gptj", "--placement", "out", "--threads", "1,2", "--reps", "7", "--runs", "3", "--position-offset",
+               "4096", "--precise", "--graph", "--format", "csv", "--packed", "1..64:128", "--cp", "4,3"});
     CHECK(options.backends == std::vector<std::string>{"cpu-naive"});
-    REQUIRE(options.shapes.size() == 2);
-    CHECK(options.shapes[0].batch == 2);
-    CHECK(options.shapes[1].head_dim == 64);
-    CHECK(options.kv_heads == 2);
-    CHECK(options.dtype == rope::DType::bf16);
-    CHECK(options.style == rope::Style::interleaved);
-    CHECK(options.layout == rope::Layout::bshd);
-    CHECK_FALSE(options.in_place);
-    CHECK(options.threads == std::vector<int>{1, 2});
-    CHECK(options.reps == 7);
-    CHECK(options.runs == 3);
-    CHECK(options.position_offset == 4096);
-    CHECK(options.precise);
-    CHECK(options.graph);
-    CHECK(options.format == "csv");
+    CHECK(options.shapes[0].text() == "2,8,64,128");
+    CHECK((options.kv_heads == 2 && options.dtype == rope::DType::bf16 && options.style == rope::Style::interleaved));
+    CHECK((!options.in_place && options.threads == std::vector<int>{1, 2} && options.reps == 7 && options.runs == 3));
+    CHECK((options.position_offset == 4096 && options.precise && options.graph && options.format == "csv"));
+    CHECK((options.layout == rope::Layout::thd && options.packed.max_length == 64 && options.packed.total == 128));
+    CHECK((options.cp_size == 4 && options.cp_rank == 3));
+    CHECK(parse({"--mrope", "interleaved", "--sections", "24,20,20"}).sections == std::vector<int64_t>{24, 20, 20});
+    CHECK(parse({"--axial", "8,28,28"}).multi_axis == rope::AxisAssignment::axial);
+    CHECK(parse({"--help"}).help);
 }
 
-TEST_CASE("--help asks for the usage and neither throws nor exits") {
-    const rope_bench::Options options = parse({"--help"});
-    CHECK(options.help);
-    CHECK(options.usage.find("--packed") != std::string::npos);
-}
-
-TEST_CASE("position forms") {
-    SUBCASE("--packed implies thd unless a layout is given") {
-        CHECK(parse({"--packed", "1..8192:32768"}).layout == rope::Layout::thd);
-        CHECK(parse({"--packed", "8,8", "--layout", "bshd"}).layout == rope::Layout::bshd);
-        const rope_bench::Options drawn = parse({"--packed", "1..8192:32768"});
-        CHECK(drawn.packed.min_length == 1);
-        CHECK(drawn.packed.max_length == 8192);
-        CHECK(drawn.packed.total == 32768);
-        CHECK(parse({"--packed", "3,0,5"}).packed.lengths == std::vector<int64_t>{3, 0, 5});
-    }
-    SUBCASE("--cp, --mrope, --sections, --axial, --table") {
-        const rope_bench::Options cp = parse({"--cp", "4,3"});
-        CHECK(cp.cp_size == 4);
-        CHECK(cp.cp_rank == 3);
-        const rope_bench::Options mrope = parse({"--mrope", "interleaved", "--sections", "24,20,20"});
-        CHECK(mrope.multi_axis == rope::AxisAssignment::mrope_interleaved);
-        CHECK(mrope.sections == std::vector<int64_t>{24, 20, 20});
-        const rope_bench::Options axial = parse({"--axial", "8,28,28"});
-        CHECK(axial.multi_axis == rope::AxisAssignment::axial);
-        CHECK(axial.sections == std::vector<int64_t>{8, 28, 28});
-        CHECK(parse({"--table"}).table);
-        CHECK(parse({"--ids"}).ids);
-    }
-}
-
-TEST_CASE("what parse_options refuses, each with a UsageError") {
-    const std::vector<std::vector<std::string>> refused{
-        {"--no-such-option"}, {"stray"}, {"--backend", "no-such-backend"}, {"--dtype", "fp64"}, {"--layout", "sbhd"},
-        {"--format", "xml"}, {"--shape", "1,2,3"}, {"--shape", "1,2,3,4,5"}, {"--shape", "1,-2,3,4"},
-        {"--shape", "1,x,3,4"}, {"--shape", ""}, {"--kv-heads", "-1"}, {"--runs", "0"}, {"--reps", "many"},
-        {"--threads", "1,-1"}, {"--cp", "2,2"}, {"--cp", "0,0"}, {"--cp", "2"}, {"--packed", "5..3"},
-        {"--packed", "0..4"}, {"--packed", "1..4:0"}, {"--packed", "1..4:"}, {"--packed", "..4"},
-        {"--packed", "1,,2"}, {"--mrope", "diagonal"},
-        {"--sections", "16,24,24"},                        // Without --mrope.
-        {"--mrope", "contiguous", "--sections", "16,24"},  // Not 3 of them.
-        {"--mrope", "contiguous", "--axial", "32,32"},     // Both.
-        {"--axial", "64"},                                 // One axis.
-        {"--axial", "8,8,8,8,8"},                          // More than kMaxPositionAxes.
-        {"--ids", "--mrope", "contiguous"},                // Ids of one axis, or of three.
-        {"--ids", "--axial", "32,32"},
+// Every option with a number or a name: accepted at its bounds (options.hpp), refused beyond them at once, the
+// message naming the option and the value ("" = accepted). Each refusal is checked for what it says, so a
+// refusal for another reason fails.
+TEST_CASE("the table of accepted and refused options") {
+    const std::vector<std::pair<std::vector<std::string>, std::string>> table{
+        {{"--threads", "1024"}, ""},
+        {{"--threads", "100000"}, "--threads: must be a number from 0 to 1024, got 100000"},  // Was a segfault.
+        {{"--threads", "20000"}, "--threads: must be a number from 0 to 1024, got 20000"},    // Was a hang.
+        {{"--threads", "1,-1"}, "--threads: must be a number from 0 to 1024, got -1"},
+        {{"--reps", "1000000"}, ""},
+        {{"--reps", "1e9"}, "--reps: must be a number from 0 to 1000000, got 1e9"},
+        {{"--reps", "many"}, "--reps: must be a number from 0 to 1000000, got many"},
+        {{"--runs", "0"}, "--runs: must be a number from 1 to 100, got 0"},
+        {{"--runs", "101"}, "--runs: must be a number from 1 to 100, got 101"},
+        {{"--llc-mb", "0.001"}, ""},
+        {{"--llc-mb", "1e30"}, "--llc-mb: must be a number from 0 to 65536, got 1e30"},  // Was 0 MiB, exit 0.
+        {{"--llc-mb", "nan"}, "--llc-mb: must be a number from 0 to 65536, got nan"},
+        {{"--llc-mb", "inf"}, "--llc-mb: must be a number from 0 to 65536, got inf"},
+        {{"--position-offset", "2147483647"}, ""},
+        {{"--position-offset", "1e12"}, "--position-offset: must be a number from 0 to 2147483647, got 1e12"},
+        {{"--table", "--position-offset", "100000000"}, "--table with --position-offset 100000000"},  // Was bad_alloc.
+        {{"--kv-heads", "-1"}, "--kv-heads: must be a number from 0 to 1048576, got -1"},
+        {{"--kv-heads", "1e7"}, "--kv-heads: must be a number from 0 to 1048576, got 1e7"},
+        {{"--shape", "1,1,1,2"}, ""},
+        {{"--shape", "1,32,0,128"}, "--shape: expected B,H,N,D (4 integers, each at least 1), got '1,32,0,128'"},
+        {{"--shape", "1,2,3"}, "--shape: expected B,H,N,D"},
+        {{"--shape", "1,-2,3,4"}, "--shape: expected integers from 0 to 2147483647 separated by commas, got '1,-2"},
+        {{"--shape", "1,2,99999999999,4"}, "--shape: expected integers from 0 to 2147483647"},
+        {{"--shape", "65536,1024,65536,128"}, "q and k hold more than 17179869184 elements"},
+        {{"--shape", "1,x,3,4"}, "--shape: expected integers"},
+        {{"--packed", "1..4096:4096"}, ""},
+        {{"--packed", "1..8:1000000000000000"}, "--packed (TOTAL): expected integers from 0 to 2147483647"},
+        {{"--packed", "1..8:8192"}, "--packed: the lengths total 8192 tokens but --shape 1,32,4096,128"},  // Was 36 s.
+        {{"--packed", "100,3000"}, "--packed: the lengths total 3100 tokens but --shape 1,32,4096,128"},
+        {{"--packed", "5..3"}, "--packed: need 1 <= MIN <= MAX"},
+        {{"--packed", "1..4:0"}, "--packed: need 1 <= MIN <= MAX and TOTAL >= 1"},
+        {{"--cp", "1024,0"}, ""},
+        {{"--cp", "5000,1"}, "--cp: expected SIZE,RANK with 1 <= SIZE <= 1024 and 0 <= RANK < SIZE, got 5000,1"},
+        {{"--cp", "2,2"}, "--cp: expected SIZE,RANK"},
+        {{"--mrope", "contiguous", "--sections", "16,24,3000000000"}, "--sections: must be a number from 1 to"},
+        {{"--axial", "8,0"}, "--axial: must be a number from 1 to 2147483647, got 0"},
+        {{"--axial", "64"}, "--axial: expected 2 to"},
+        {{"--axial", "8,8,8,8,8"}, "--axial: expected 2 to"},
+        {{"--sections", "16,24,24"}, "--sections requires --mrope"},
+        {{"--mrope", "contiguous", "--axial", "32,32"}, "excludes"},
+        {{"--ids", "--axial", "32,32"}, "excludes"},
+        {{"--backend", "no-such-backend"}, "--backend: no-such-backend not in"},
+        {{"--dtype", "fp64"}, "--dtype: fp64 not in"},
+        {{"--format", "xml"}, "--format: xml not in"},
+        {{"--no-such-option"}, "--no-such-option"},
     };
-    for (const auto& arguments : refused) {
+    for (const auto& [arguments, refusal] : table) {
         std::string line;
         for (const std::string& argument : arguments) line += argument + " ";
         CAPTURE(line);
-        CHECK_THROWS_AS(parse(arguments), rope_bench::UsageError);
+        std::string said;
+        try {
+            parse(arguments);
+        } catch (const rope_bench::UsageError& error) {
+            said = error.what();
+        }
+        CAPTURE(said);
+        CHECK((refusal.empty() ? said.empty() : said.find(refusal) != std::string::npos));
     }
     CHECK_THROWS_AS(rope_bench::parse_options(0, nullptr), rope_bench::UsageError);
 }

@@ -9,7 +9,7 @@ registers two operators:
   (no autograd). It is registered in C++ (python/torch_ops/: TORCH_LIBRARY, loaded
   from rope/_torch_ops.so), so a call goes from Python through PyTorch's C++
   dispatcher to rope's kernel with no Python in between; registered in Python
-  (torch.library.custom_op) the dispatch cost about 17 us per call. In plain
+  (torch.library.custom_op) every call ran Python dispatch code. In plain
   eager code rope_ calls the same C++ kernel without the dispatcher
   (rope._torch_ops.rope_, python/torch_ops/eager.cpp). Where the
   library was not built (PyTorch missing at build time, e.g. ``pip install .``
@@ -65,8 +65,8 @@ def _current_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-# The same without building a torch.cuda.Stream object, where PyTorch has it (a few
-# microseconds less per call, which a decode step notices).
+# The same without building a torch.cuda.Stream object, where PyTorch has it (less host
+# time per call, which a decode step notices).
 if hasattr(torch._C, "_cuda_getCurrentRawStream"):
     def _current_stream(device: torch.device) -> int:  # noqa: F811
         return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else -1)
@@ -211,12 +211,12 @@ def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None,
     raises rope.Error, before q or k is written.
     """
     # Plain eager code: rope's C++ entry (python/torch_ops/eager.cpp) takes the arguments as
-    # given and runs the operator's kernel without PyTorch's dispatcher, which costs a few
-    # microseconds per call even for PyTorch's own operators (a decode step notices them). It
+    # given and runs the operator's kernel without PyTorch's dispatcher, which costs host time
+    # on every call even for PyTorch's own operators (a decode step notices it). It
     # returns False, having done nothing, where PyTorch must see the call (a mode, a tensor
     # subclass) or an argument needs Python's conversion first (positions as a list); so does
     # the check for torch.compile, where the call must be the operator in the graph.
-    # Measured with python/bench/op_cost.py on the H200: bench/results/h200.md, chapter 9.
+    # What each path costs: bench/results/h200-python-op-cost.csv, chapter 9.
     if _eager_entry is not None and not torch.compiler.is_compiling() and _eager_entry(
             q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend, max_position):
         return q, k
@@ -224,7 +224,7 @@ def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None,
                                                                          starts, cp, backend)
     if _cpp_operator is None and _eager(q):
         # No C++ library: the kernel through rope._rope and DLPack, still without the dispatcher
-        # (through it, the Python-registered operator costs tens of microseconds).
+        # (through it, the Python-registered operator runs Python code on every call).
         _launch(q, k, None, None, config._native, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
                 bool(inverse), backend, int(max_position))
     else:

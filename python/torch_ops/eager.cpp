@@ -4,9 +4,9 @@
 //
 // Why: torch.ops.rope.apply_(...) parses its 14 arguments against the schema and
 // passes three dispatch keys (Autograd, ADInplaceOrView, then CPU or CUDA) before
-// rope's kernel runs: a few microseconds per call even for PyTorch's own
-// operators (python/bench/op_cost.py times torch.ops.aten.copy_ beside it), which
-// a decode step of a few microseconds notices. And turning rope_'s arguments
+// rope's kernel runs: host time on every call even for PyTorch's own operators
+// (bench/results/h200-python-op-cost.csv has torch.ops.aten.copy_ beside it),
+// which a decode step notices. And turning rope_'s arguments
 // into the operator's (an offset or ids from `positions`, the default layout, the
 // pair `cp`) cost about as much again in Python. So rope.ops.rope_ first hands its
 // arguments, as given, to rope_ below: the same kernel (rotate, operator.hpp), the

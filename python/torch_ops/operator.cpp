@@ -2,8 +2,8 @@
 // rotation of q and k as a PyTorch operator.
 //
 // Why C++: registered from Python (torch.library.custom_op), every call ran
-// Python dispatch code on its way to the kernel, about 17 us of host time at
-// decode shape [1,32,1,128] on an H200, where rope's kernel takes 2 to 3 us.
+// Python dispatch code on its way to the kernel, host time several times the
+// kernel's own at a decode shape (the lab's notes: bench/results/h200.md.in).
 // Registered here, torch.ops.rope.apply_(...) goes from Python straight into
 // PyTorch's C++ dispatcher and on to the kernel below: no Python runs per call.
 //

@@ -31,7 +31,7 @@ namespace rope_torch {
 /// Pointers, not copies: copying an at::Tensor that has a Python object moves its reference
 /// count from 1 to 2, and PyTorch then takes the GIL to keep the Python object alive (and takes
 /// it again when the copy goes): four GIL round trips per call for q and k, which a decode step
-/// of a few microseconds notices.
+/// notices.
 struct CallTensors {
     const at::Tensor* q = nullptr;              ///< Rotated in place.
     const at::Tensor* k = nullptr;              ///< Rotated in place; null: q only.

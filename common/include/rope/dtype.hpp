@@ -108,9 +108,9 @@ ROPE_HOST_DEVICE inline uint32_t select_bits(bool condition, uint32_t if_true, u
 ROPE_HOST_DEVICE inline float to_float(float16 value) {
 #if defined(__CUDA_ARCH__)
     // On the GPU one instruction widens exactly, where the integer code below
-    // takes about a dozen, for every element an fp16 kernel reads. With that
-    // code cuda-optimized measured 59% of a copy in fp16 against 96% in bf16
-    // (H200, 2026-12-02, [8,32,4096,128]).
+    // takes about a dozen, for every element an fp16 kernel reads: enough to keep
+    // a memory-bound kernel well short of the memory's speed (the lab's notes:
+    // bench/results/h200.md.in).
     float widened;
     asm("cvt.f32.f16 %0, %1;" : "=f"(widened) : "h"(value.bits));
     return widened;

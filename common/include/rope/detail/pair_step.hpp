@@ -24,9 +24,10 @@ namespace rope {
 struct TokenPositions {
     int64_t axis[kMaxPositionAxes];  ///< Position on axis a, for a < the plan's axes.
     /// float32(axis[a]): the factor of the default angle (rope_angle_from_float), converted
-    /// once per token rather than once per pair. On a GPU, choosing each pair's int64
-    /// position and converting it pair by pair measured 5 to 7 points slower at M-RoPE
-    /// (H200, bf16 [1,28,8192,128]) than choosing among the converted floats.
+    /// once per token rather than once per pair: on a GPU, choosing each pair's int64
+    /// position and converting it pair by pair adds work to every pair of a kernel that
+    /// should run at the memory's speed, and was slower at M-RoPE (the lab's notes:
+    /// bench/results/h200.md.in).
     float axis_float[kMaxPositionAxes];
 
     /// @brief The position pair @p pair turns by: its axis's (AngleRule::pair_axis), or with one
