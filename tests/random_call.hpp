@@ -6,10 +6,11 @@
 //
 // draw() turns a Source of choices into one call: a RopeConfig (every scaling
 // field, multi_axis and its sections, precise_angles), four tensor views
-// (sizes, strides: dense, padded, transposed or arbitrary; dtypes; layouts
-// including thd) with where each one's memory starts, positions in every form
-// (offset, shared, per-sequence and multi-axis ids, packed cu_seqlens and
-// starts, context-parallel shards), an optional cos/sin table and a direction.
+// (sizes; strides dense, padded, transposed or, from a hostile source,
+// arbitrary; dtypes; layouts including thd) with where each one's memory
+// starts, positions in every form (offset, shared, per-sequence and
+// multi-axis ids, packed cu_seqlens and starts, context-parallel shards), an
+// optional cos/sin table and a direction.
 // The call says where memory goes, not what it holds: each user lays it out
 // (the fuzzer in one guarded arena, the test in host tensors it can stage on a
 // GPU) and fills it.
@@ -29,11 +30,12 @@
 
 namespace random_call {
 
-// Where the generator's choices come from. The fuzzer's implementation
-// forwards each method to libFuzzer's FuzzedDataProvider of the same name
+// Where the generator's choices come from. The fuzzer's source forwards each
+// method, in order, to one call of libFuzzer's FuzzedDataProvider
 // (ConsumeIntegralInRange<int64_t>, ConsumeFloatingPointInRange<double>,
-// ConsumeIntegral<int64_t>, ConsumeFloatingPoint<double>, ConsumeIntegral<uint64_t>),
-// so that a byte string means the same call as long as draw() asks in the same order.
+// ConsumeIntegral<int64_t>, ConsumeFloatingPoint<double>, ConsumeIntegral<uint64_t>):
+// a byte string means the same call as long as draw() asks the same questions
+// of a hostile source in the same order (the committed fuzz inputs rely on it).
 class Source {
 public:
     explicit Source(bool hostile) : hostile(hostile) {}
