@@ -102,13 +102,6 @@ const char* arrangement_name(Arrangement arrangement) {
     return "?";
 }
 
-StorageOptions random_storage(std::mt19937_64& rng) {
-    StorageOptions options;
-    if (rng() % 2 == 0) options.arrangement = all_arrangements[rng() % std::size(all_arrangements)];
-    if (rng() % 3 == 0) options.tail = int64_t(1 + rng() % 8);
-    return options;
-}
-
 std::string storage_name(const StorageOptions& options) {
     std::string name = arrangement_name(options.arrangement);
     if (options.tail > 0) name += "+tail" + std::to_string(options.tail);

@@ -89,8 +89,6 @@ struct StorageOptions {
     Arrangement arrangement = Arrangement::dense;
     int64_t tail = 0;  // Elements of storage after the view's last element.
 };
-// Dense half of the time, otherwise any arrangement; a tail of 1 to 8 elements one time in three.
-StorageOptions random_storage(std::mt19937_64& rng);
 // E.g. "padded+tail3".
 std::string storage_name(const StorageOptions& options);
 
