@@ -24,7 +24,6 @@
 
 #include "ladder.hpp"
 #include "timing.hpp"  // rope-bench's timer: the project's one meaning of "% of copy".
-#endif
 
 namespace {
 
@@ -47,6 +46,7 @@ void library(rope::Backend& backend, const rope::RopeConfig& config, float* set)
 }
 
 }  // namespace
+#endif  // ROPE_TUTORIAL_HAVE_EIGEN
 
 int main() {
     tutorial::print_title(2, "Eigen + OpenMP",
