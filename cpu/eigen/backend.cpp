@@ -21,7 +21,7 @@
 //      float32 outputs of half-split pairs larger than the last-level cache
 //      are written with streaming stores, by whole lines (streaming_stores.hpp).
 //
-// bench/results/cpu-eigen-notes.md records the measurements behind these choices.
+// bench/results/notes/cpu-eigen.md records the measurements behind these choices.
 #include <omp.h>
 
 #include <Eigen/Core>

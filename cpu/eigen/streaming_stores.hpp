@@ -32,7 +32,7 @@ constexpr int64_t kCacheLine = 64;
 // next operation would not have found them in the cache anyway. Smaller
 // outputs are written normally and stay in the cache for it. The size is the
 // processor's own (glibc reads it from CPUID), 32 MiB where the system does
-// not say. (bench/results/cpu-eigen-notes.md: why not a lower threshold.)
+// not say. (bench/results/notes/cpu-eigen.md: why not a lower threshold.)
 inline int64_t streaming_output_bytes() {
     static const int64_t bytes = [] {
         long reported = 0;
