@@ -1,123 +1,148 @@
-// Chapter 2: Eigen + OpenMP, the same result faster.
+// Chapter 2: Eigen + OpenMP, the ladder from cpu-naive to cpu-eigen.
 //
-// cpu-naive (chapter 1) is the specification, not a fast program. cpu-eigen
-// (cpu/eigen_backend.cpp) computes exactly the same float32 values with three
-// changes:
-//   1. cos and sin once per (position, pair), reused by every head of q and k;
-//   2. a head row rotated as Eigen arrays, several pairs per SIMD instruction;
-//   3. OpenMP threads, each streaming its own share of the rows.
-// This chapter checks that the results agree, then times both backends against
-// the ceiling for a memory-bound operation: a plain memcpy of the same bytes.
+// Four steps, each one idea more than the one before (step1..step4 *.cpp in
+// this folder, ladder.hpp lists them), solve one problem: a LLaMA-3-8B-sized
+// layer, q [1, 32, 2048, 128] and k with 8 heads, float32, in place. Each step
+// is checked against cpu-naive (through rope's public API) and timed as
+// rope-bench times (bench/timing/timing.hpp: medians of repetitions, on copies
+// of q and k that span twice the last-level cache, beside a copy of the same
+// bytes with the same threads), so its "% of copy" means what rope-bench's
+// means. The library's cpu-naive and cpu-eigen close the table.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <thread>
+#include <functional>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include <rope/rope.hpp>
 
 #include "tutorial.hpp"
+#if ROPE_TUTORIAL_HAVE_EIGEN
+#include <omp.h>
+
+#include "ladder.hpp"
+#include "timing.hpp"  // rope-bench's timer: the project's one meaning of "% of copy".
 
 namespace {
 
-// A LLaMA-3-8B-sized attention layer over a 2048-token prompt: 32 query heads,
-// 8 key heads (grouped-query attention), head_dim 128, float32.
 constexpr int64_t kSeq = 2048, kQueryHeads = 32, kKeyHeads = 8, kHeadDim = 128;
+constexpr double kBase = 500000.0;  // Llama 3's rope_theta.
+constexpr int kReps = 15;           // Timed repetitions per row of the table (medians).
 const tutorial::Shape kQuery{.batch = 1, .heads = kQueryHeads, .seq = kSeq, .head_dim = kHeadDim};
 const tutorial::Shape kKey{.batch = 1, .heads = kKeyHeads, .seq = kSeq, .head_dim = kHeadDim};
 
-void rotate(rope::Backend& backend, const rope::RopeConfig& config, std::vector<float>& q, std::vector<float>& k) {
+// q then k, one after the other: one "set" of the timer.
+constexpr int64_t kSetFloats = (kQueryHeads + kKeyHeads) * kSeq * kHeadDim;
+
+// The library's backend on the q and k at @p set, in place.
+void library(rope::Backend& backend, const rope::RopeConfig& config, float* set) {
     const auto layout = rope::Layout::bhsd;
-    auto q_view = rope::TensorView::contiguous(q.data(), rope::DType::f32, rope::Device::host, layout, kQuery.in(layout));
-    auto k_view = rope::TensorView::contiguous(k.data(), rope::DType::f32, rope::Device::host, layout, kKey.in(layout));
-    rope::apply(backend, config, rope::RopeArgs::in_place(q_view, k_view));
+    auto q = rope::TensorView::contiguous(set, rope::DType::f32, rope::Device::host, layout, kQuery.in(layout));
+    auto k = rope::TensorView::contiguous(set + kQuery.numel(), rope::DType::f32, rope::Device::host, layout,
+                                          kKey.in(layout));
+    rope::apply(backend, config, rope::RopeArgs::in_place(q, k));
 }
 
-struct Timing {
-    const char* name;
-    int threads;
-    double seconds;
-};
-
 }  // namespace
+#endif  // ROPE_TUTORIAL_HAVE_EIGEN
 
 int main() {
     tutorial::print_title(2, "Eigen + OpenMP",
-                          "compute cos/sin once per position, rotate rows with SIMD on every core: same values, "
-                          "far less time");
+                          "rotate eight pairs per instruction (Eigen), compute cos/sin once per position, "
+                          "split the rows among threads (OpenMP): cpu-naive's values at the memory's speed");
+#if !ROPE_TUTORIAL_HAVE_EIGEN
+    return tutorial::skip("the ladder needs Eigen 3.4 and OpenMP", "this build has no Eigen or no OpenMP");
+#else
     tutorial::Checks checks;
-    if (!rope::backend_info("cpu-eigen").available)
-        return tutorial::skip("cpu-eigen not built", rope::backend_info("cpu-eigen").reason);
-
     rope::RopeConfig config;
     config.head_dim = kHeadDim;
-    config.base = 500000.0;  // Llama 3's rope_theta.
-    const std::vector<float> q_input = tutorial::random_values(size_t(kQuery.numel()), 21);
-    const std::vector<float> k_input = tutorial::random_values(size_t(kKey.numel()), 22);
-    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    config.base = kBase;
+    const rope::FrequencyTable frequencies = rope::make_frequency_table(config, kSeq);
+    const std::vector<float> input = tutorial::random_values(size_t(kSetFloats), 21);
+    auto problem_at = [&](float* set) {
+        return ladder::Problem{.q = set, .k = set + kQuery.numel(), .inv_freq = frequencies.inv_freq.data(),
+                               .q_heads = kQueryHeads, .k_heads = kKeyHeads, .seq = kSeq, .head_dim = kHeadDim};
+    };
+    const int threads = omp_get_max_threads();
+
+    tutorial::print_section("1. The problem");
+    std::printf("q [1, %ld, %ld, %ld] and k [1, %ld, %ld, %ld], float32, layout bhsd, base %.0f, in place\n",
+                long(kQueryHeads), long(kSeq), long(kHeadDim), long(kKeyHeads), long(kSeq), long(kHeadDim), kBase);
+    const double naive_trig = double(kQueryHeads + kKeyHeads) * kSeq * (kHeadDim / 2);
+    std::printf("cos/sin pairs computed: %.2f M per call by cpu-naive and step 1 (per head), %.2f M from step 2 on\n"
+                "(per position: every head at one position turns by the same angles, %ldx fewer)\n",
+                naive_trig / 1e6, double(kSeq) * (kHeadDim / 2) / 1e6, long(kQueryHeads + kKeyHeads));
+    for (const ladder::Step& step : ladder::kSteps) std::printf("  step %-22s %s\n", step.name, step.idea);
+
+    tutorial::print_section("2. Every step computes cpu-naive's values");
     auto naive = rope::make_backend("cpu-naive");
-    auto eigen_one = rope::make_backend("cpu-eigen", {.threads = 1});
-    auto eigen_all = rope::make_backend("cpu-eigen", {.threads = cores});
-
-    tutorial::print_section("1. What changed: the trigonometry");
-    const int64_t pairs = kHeadDim / 2;
-    const double naive_calls = double(kQueryHeads + kKeyHeads) * kSeq * pairs;
-    const double eigen_calls = double(kSeq) * pairs;
-    std::printf("q [1, %ld, %ld, %ld] and k [1, %ld, %ld, %ld], float32, base 500000\n", long(kQueryHeads), long(kSeq),
-                long(kHeadDim), long(kKeyHeads), long(kSeq), long(kHeadDim));
-    std::printf("cpu-naive: one cos and one sin per (head, token, pair) = %.1f M of each\n", naive_calls / 1e6);
-    std::printf("cpu-eigen: one cos and one sin per (position, pair)    = %.2f M of each (%.0fx fewer):\n"
-                "           every head of q and k at the same position turns by the same angles\n",
-                eigen_calls / 1e6, naive_calls / eigen_calls);
-
-    tutorial::print_section("2. Same values");
-    std::vector<float> q_naive = q_input, k_naive = k_input, q_eigen = q_input, k_eigen = k_input;
-    rotate(*naive, config, q_naive, k_naive);
-    rotate(*eigen_all, config, q_eigen, k_eigen);
-    const double agreement = std::max(tutorial::max_abs_difference(q_eigen, q_naive),
-                                      tutorial::max_abs_difference(k_eigen, k_naive));
+    auto eigen = rope::make_backend("cpu-eigen", {.threads = threads});
+    std::vector<float> reference = input;
+    library(*naive, config, reference.data());
+    std::vector<float> got;
+    for (const ladder::Step& step : ladder::kSteps) {
+        got = input;
+        step.run(problem_at(got.data()));
+        const double difference = tutorial::max_abs_difference(got, reference);
+        checks.expect(difference <= 1e-6, "step " + std::string(step.name) + " against cpu-naive: largest difference " +
+                                              tutorial::sci(difference) + " <= 1e-6");
+    }
+    // The last step's q against the float64 formula; positions reach 2047, where
+    // the float32 angle's rounding has grown (chapter 7).
     tutorial::Formula formula;
-    formula.base = config.base;
-    const double error = tutorial::relative_l2(q_eigen, tutorial::rope_float64(q_input, kQuery, formula));
-    std::printf("largest |cpu-eigen - cpu-naive| = %g; relative L2 of cpu-eigen against float64 = %.2e\n", agreement,
-                error);
-    checks.expect(agreement <= 1e-6, "cpu-eigen agrees with cpu-naive (largest difference " +
-                                         tutorial::sci(agreement) + " <= 1e-6)");
-    // Positions reach 2047 here: the float32 angle's rounding grows with the position (chapter 7).
-    checks.expect(error < 2e-5, "cpu-eigen matches the float64 formula (relative L2 " + tutorial::sci(error) + " < 2e-5)");
+    formula.base = kBase;
+    const auto q_end = size_t(kQuery.numel());
+    const double error = tutorial::relative_l2(std::vector<float>(got.begin(), got.begin() + q_end),
+                                               tutorial::rope_float64({input.begin(), input.begin() + q_end}, kQuery,
+                                                                      formula));
+    checks.expect(error < 2e-5, "step 4 against the float64 formula: relative L2 " + tutorial::sci(error) + " < 2e-5");
 
-    tutorial::print_section("3. Time and bandwidth");
-    // RoPE reads every element of q and k once and writes it once.
-    const double bytes = 2.0 * double(q_input.size() + k_input.size()) * sizeof(float);
-    std::vector<float> q = q_input, k = k_input;
-    std::vector<float> q_copy(q.size()), k_copy(k.size());
-    std::vector<Timing> timings;
-    timings.push_back({"cpu-naive", 1, tutorial::median_seconds(3, [&] { rotate(*naive, config, q, k); })});
-    timings.push_back({"cpu-eigen", 1, tutorial::median_seconds(9, [&] { rotate(*eigen_one, config, q, k); })});
-    if (cores > 1)
-        timings.push_back({"cpu-eigen", cores, tutorial::median_seconds(9, [&] { rotate(*eigen_all, config, q, k); })});
-    // The ceiling: memcpy moves the same bytes (reads q and k, writes copies) and
-    // does no arithmetic at all. On one thread; the eigen rows above may use more.
-    const double copy_seconds = tutorial::median_seconds(9, [&] {
-        std::memcpy(q_copy.data(), q.data(), q.size() * sizeof(float));
-        std::memcpy(k_copy.data(), k.data(), k.size() * sizeof(float));
-    });
-    std::printf("%.0f MB moved per call (q and k read once and written once); median of several calls\n", bytes / 1e6);
-    std::printf("%-12s %8s %12s %10s %14s %12s\n", "backend", "threads", "time (ms)", "GB/s", "vs cpu-naive",
-                "% of memcpy");
-    const double naive_seconds = timings[0].seconds;
-    for (const Timing& t : timings)
-        std::printf("%-12s %8d %12.2f %10.2f %13.1fx %11.0f%%\n", t.name, t.threads, 1e3 * t.seconds,
-                    bytes / t.seconds / 1e9, naive_seconds / t.seconds, 100 * copy_seconds / t.seconds);
-    std::printf("%-12s %8d %12.2f %10.2f %14s %11s\n", "memcpy", 1, 1e3 * copy_seconds, bytes / copy_seconds / 1e9,
-                "", "100%");
-    std::printf("These numbers are indicative: %d core(s), other processes, one memcpy on one thread as the\n"
-                "ceiling. rope-bench (bench/) is the real benchmark: inputs larger than the caches, a\n"
-                "parallel copy ceiling, many repetitions. In-place RoPE writes back lines it has just read,\n"
-                "while memcpy writes fresh ones, so RoPE can even exceed 100%% of this ceiling.\n",
-                cores);
-    const Timing& best = timings.back();
-    return checks.finish("cpu-eigen, " + std::to_string(best.threads) + " threads: " +
-                         tutorial::fixed(naive_seconds / best.seconds, 1) + "x cpu-naive, " +
-                         tutorial::fixed(bytes / best.seconds / 1e9, 1) +
-                         " GB/s (indicative; % of copy: rope-bench)");
+    tutorial::print_section("3. Time, as rope-bench measures it");
+    // The timer's sets: copies of q and k that together span twice the last-level
+    // cache, so that every call reads its inputs from memory.
+    const rope_bench::CacheSize cache = rope_bench::host_last_level_cache();
+    const size_t set_bytes = size_t(kSetFloats) * sizeof(float);
+    rope_bench::Sets sets;
+    sets.set_bytes = set_bytes;
+    sets.stride = rope_bench::set_stride(set_bytes);
+    sets.sets = rope_bench::sets_spanning_twice(set_bytes, cache.bytes);
+    std::vector<float> inputs(sets.stride / sizeof(float) * size_t(sets.sets)), copies(inputs.size());
+    sets.inputs = inputs.data();
+    sets.copy_destination = copies.data();
+    for (int64_t s = 0; s < sets.sets; ++s) std::memcpy(sets.at(sets.inputs, s), input.data(), set_bytes);
+    auto set_at = [&](int64_t call) { return reinterpret_cast<float*>(sets.at(sets.inputs, call)); };
+
+    const double bytes = 2.0 * double(set_bytes);  // Every element read once and written once.
+    std::printf("%.0f MB moved per call, %ld sets of q and k (last-level cache: %s).\n"
+                "Medians of %d calls, each beside a memcpy and an in-place read-modify-write of the\n"
+                "same bytes with the same threads: the faster of the two is the ceiling (100%%).\n\n",
+                bytes / 1e6, long(sets.sets), cache.source.c_str(), kReps);
+    std::printf("%-26s %7s %10s %8s %10s %8s %12s\n", "step", "threads", "time (ms)", "GB/s", "% of copy", "ceiling",
+                "vs cpu-naive");
+    double naive_us = 0, last_percent = 0, eigen_percent = 0;
+    auto row = [&](const std::string& name, int row_threads, const std::function<void(int64_t)>& call) {
+        const rope_bench::Measurement m = rope_bench::host_measure(call, sets, row_threads, kReps);
+        if (naive_us == 0) naive_us = m.call_us;
+        std::printf("%-26s %7d %10.2f %8.2f %9.0f%% %8s %11.1fx\n", name.c_str(), row_threads, m.call_us / 1e3,
+                    bytes / m.call_us / 1e3, m.percent_of_copy(), m.ceiling.name.c_str(), naive_us / m.call_us);
+        return m.percent_of_copy();
+    };
+    row("cpu-naive (library)", 1, [&](int64_t c) { library(*naive, config, set_at(c)); });
+    for (const ladder::Step& step : ladder::kSteps) {
+        const int step_threads = step.threaded ? threads : 1;
+        last_percent = row("step " + std::string(step.name), step_threads,
+                           [&](int64_t c) { step.run(problem_at(set_at(c))); });
+    }
+    eigen_percent = row("cpu-eigen (library)", threads, [&](int64_t c) { library(*eigen, config, set_at(c)); });
+    std::printf("\nOn a machine shared with other work these figures move from run to run, the threaded rows\n"
+                "most (a thread that waits for a core holds up the others). bench/results/ has rope-bench's\n"
+                "careful figures.\n");
+
+    const ladder::Step& last = ladder::kSteps[std::size(ladder::kSteps) - 1];
+    return checks.finish("step " + std::string(last.name) + " on " + std::to_string(threads) + " threads: " +
+                         tutorial::fixed(last_percent, 0) + "% of copy (cpu-eigen: " +
+                         tutorial::fixed(eigen_percent, 0) + "%)");
+#endif
 }

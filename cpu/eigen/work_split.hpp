@@ -1,0 +1,220 @@
+#pragma once
+// How cpu-eigen divides a call's rows among its threads, and the order in
+// which a thread walks its share.
+//
+// Two words. A *chunk* is a run of tokens whose cos/sin the table holds at
+// once (all tokens of a short sequence); a *tile* is a range of a chunk's
+// tokens times a range of its heads, the unit a thread takes. (The heads of a
+// chunk are its (sequence, q-or-k head) pairs: sequence b's q heads, then its
+// k heads, then sequence b+1's, over the whole batch when the sequences share
+// positions, else of the chunk's own sequence.)
+//
+//   [b, h, s, d] (a head's tokens adjacent): heads split first
+//
+//                 tokens of the chunk ->
+//               +---------+---------+
+//     heads 0-3 | tile 0  | tile 1  |   thread 0: tiles 0-1
+//               +---------+---------+
+//     heads 4-7 | tile 2  | tile 3  |   thread 1: tiles 2-3
+//               +---------+---------+
+//
+//   [b, s, h, d] (a token's heads adjacent): tokens split first
+//
+//                 tokens of the chunk ->
+//               +---------+---------+
+//     heads 0-3 | tile 0  | tile 2  |
+//               +---------+---------+   thread 0: tiles 0-1
+//     heads 4-7 | tile 1  | tile 3  |   thread 1: tiles 2-3
+//               +---------+---------+
+//
+// Tiles are numbered so that each thread's contiguous range of them (OpenMP's
+// static schedule) is a contiguous region of memory: two threads streaming
+// two separate regions go faster than both hopping over the same heads.
+// Within a tile the rows are walked token by token, each token's heads in
+// order (RowWalk), so that a token's row of the table is read once and then
+// from L1; for [b, h, s, d] that means the tile's few heads advance side by
+// side, each its own stream of memory, which the processor's own prefetchers
+// follow without being asked.
+#include <algorithm>
+#include <cstdint>
+
+#include "rope/detail/plan.hpp"
+#include "row.hpp"
+
+namespace rope::cpu_eigen {
+// Internal linkage, as if written in backend.cpp, its one includer: the compiler
+// then inlines the per-row calls below as it does the rest of that file.
+namespace {
+
+// Bytes of cos + sin for one chunk (4096 tokens at head_dim 128). The table
+// is shared by all threads, filled by all of them before any row is rotated
+// (filling it is arithmetic only, with the memory bus idle; overlapping the
+// two did not pay); a long sequence is done chunk after chunk.
+constexpr int64_t kChunkTableBytes = 2 * 1024 * 1024;
+// Bytes of table per tile when a token's heads are adjacent in memory
+// ([b, s, h, d]: 128 tokens at head_dim 128): it stays in L2 while the tile's
+// rows of every head stream by.
+constexpr int64_t kTileTableBytes = 64 * 1024;
+// Heads per tile, walked side by side token by token, where a head's tokens
+// are adjacent ([b, h, s, d]). Each token's cos/sin row is read from L1 by all
+// of them, and each thread keeps this many streams of memory going; one head
+// at a time would read its table row from L2 or L3 for every row.
+constexpr int64_t kHeadsSideBySide = 4;
+// Tiles per thread: enough that an uneven last tile costs little.
+constexpr int64_t kTilesPerThread = 8;
+
+// Consecutive tokens of one row of positions (b for per-sequence ids, 0 when
+// the batch shares them) whose cos/sin are in the table together.
+struct Chunk {
+    int64_t position_row = 0;
+    int64_t first_token = 0;
+    int64_t tokens = 0;
+};
+
+struct WorkSplit {
+    int64_t position_rows = 1;   // Distinct rows of positions: 1 (shared) or batch.
+    int64_t heads = 0;           // Heads per position row: sequences sharing it * (q + k heads).
+    int64_t chunk_tokens = 1;    // Tokens per chunk (its table is kChunkTableBytes at most).
+    int64_t chunks_per_row = 1;  // ceil(seq / chunk_tokens).
+    int64_t tile_tokens = 1;     // Tokens per tile.
+    int64_t head_ranges = 1;     // Ranges the heads are cut into.
+    bool heads_outer = true;     // Threads split heads (true) or tokens (false).
+    int64_t seq = 0;
+
+    Chunk chunk(int64_t index) const {
+        const int64_t first_token = (index % chunks_per_row) * chunk_tokens;
+        return {index / chunks_per_row, first_token, std::min(chunk_tokens, seq - first_token)};
+    }
+    int64_t token_ranges(const Chunk& chunk) const { return (chunk.tokens + tile_tokens - 1) / tile_tokens; }
+    int64_t tiles(const Chunk& chunk) const { return token_ranges(chunk) * head_ranges; }
+};
+
+inline WorkSplit split_work(const Plan& plan, int64_t threads) {
+    WorkSplit split;
+    const bool per_sequence_ids = plan.positions.per_sequence();
+    split.position_rows = per_sequence_ids ? plan.batch : 1;
+    split.heads = (per_sequence_ids ? 1 : plan.batch) * (plan.q.in_geometry.heads + plan.k.in_geometry.heads);
+    split.seq = plan.seq;
+    const int64_t table_row_bytes = 2 * int64_t(sizeof(float)) * plan.pairs;
+    split.chunk_tokens = std::clamp<int64_t>(kChunkTableBytes / table_row_bytes, 1, plan.seq);
+    split.chunks_per_row = (plan.seq + split.chunk_tokens - 1) / split.chunk_tokens;
+    split.heads_outer = plan.q.in_geometry.stride_seq < plan.q.in_geometry.stride_head;
+
+    // Enough tiles for every thread, cut from whichever axis comes first.
+    const int64_t target_tiles = threads * kTilesPerThread;
+    if (split.heads_outer) {
+        // Heads first, kHeadsSideBySide per tile at most; the tokens are cut
+        // into ranges only when there are too few heads for the threads.
+        split.head_ranges = std::max(std::min(split.heads, target_tiles),
+                                     (split.heads + kHeadsSideBySide - 1) / kHeadsSideBySide);
+        const int64_t ranges = std::clamp<int64_t>((target_tiles + split.heads - 1) / split.heads, 1, split.chunk_tokens);
+        split.tile_tokens = (split.chunk_tokens + ranges - 1) / ranges;
+    } else {
+        split.tile_tokens = std::clamp<int64_t>(kTileTableBytes / table_row_bytes, 1, split.chunk_tokens);
+        const int64_t ranges = split.token_ranges(split.chunk(0));
+        split.head_ranges = std::clamp<int64_t>((target_tiles + ranges - 1) / ranges, 1, split.heads);
+    }
+    return split;
+}
+
+// One head row ready to rotate: where its input and output live, and the
+// kernel for its operand (q and k may differ in strides).
+template <typename Storage>
+struct HeadRow {
+    Row<const Storage> in;
+    Row<Storage> out;
+    RowKernel<Storage> kernel;
+};
+
+// The rows of one tile, in the order a thread visits them: token by token,
+// and each token's heads in order.
+template <typename Storage>
+class RowWalk {
+public:
+    // A position in the walk: which head (sequence, head) and which token.
+    struct Cursor {
+        int64_t sequence;
+        int64_t head;          // Counting q's heads first, then k's.
+        int64_t head_in_tile;  // 0 .. heads-1 within the tile.
+        int64_t token;         // 0 .. tokens-1 within the tile.
+        HeadRow<Storage> row;
+    };
+
+    RowWalk(const Plan& plan, const RowKernel<Storage> (&kernels)[2], const WorkSplit& split, const Chunk& chunk,
+            int64_t tile)
+        : plan_(plan), kernels_(kernels), heads_per_sequence_(plan.q.in_geometry.heads + plan.k.in_geometry.heads) {
+        const int64_t token_ranges = split.token_ranges(chunk);
+        const int64_t token_range = split.heads_outer ? tile % token_ranges : tile / split.head_ranges;
+        const int64_t head_range = split.heads_outer ? tile / token_ranges : tile % split.head_ranges;
+        const int64_t head_begin = head_range * split.heads / split.head_ranges;
+        const int64_t head_end = (head_range + 1) * split.heads / split.head_ranges;
+        // Shared positions: the position row is 0 and the heads span the batch.
+        // Per-sequence ids: the heads are those of sequence position_row.
+        first_sequence_ = chunk.position_row + head_begin / heads_per_sequence_;
+        first_head_ = head_begin % heads_per_sequence_;
+        heads_ = head_end - head_begin;
+        first_token_ = token_range * split.tile_tokens;  // Within the chunk.
+        tokens_ = std::min(split.tile_tokens, chunk.tokens - first_token_);
+        chunk_first_token_ = chunk.first_token;
+    }
+
+    int64_t size() const { return heads_ * tokens_; }
+
+    Cursor first() const {
+        Cursor cursor{first_sequence_, first_head_, 0, 0, {}};
+        locate(cursor);
+        return cursor;
+    }
+
+    // Row of the chunk's cos/sin table that the cursor's token uses.
+    int64_t table_row(const Cursor& cursor) const { return first_token_ + cursor.token; }
+
+    // Steps @p cursor to the next row; only call it when there is one.
+    //
+    // The cursor is changed field by field, in place: assigning it a whole new
+    // Cursor lets the compiler write the fields one by one and then copy the
+    // struct with wide vector moves, which wait for those writes to finish, a
+    // stall on every row.
+    void advance(Cursor& cursor) const {
+        ++cursor.head_in_tile;
+        if (++cursor.head == heads_per_sequence_) cursor.head = 0, ++cursor.sequence;
+        if (cursor.head_in_tile == heads_) {
+            cursor.sequence = first_sequence_;
+            cursor.head = first_head_;
+            cursor.head_in_tile = 0;
+            ++cursor.token;
+        }
+        locate(cursor);
+    }
+
+private:
+    // Fills in the addresses of the cursor's row.
+    void locate(Cursor& cursor) const {
+        const int64_t q_heads = plan_.q.in_geometry.heads;
+        const bool is_q = cursor.head < q_heads;
+        const Operand& operand = is_q ? plan_.q : plan_.k;
+        const int64_t head = is_q ? cursor.head : cursor.head - q_heads;
+        const int64_t s = chunk_first_token_ + first_token_ + cursor.token;
+        const Geometry& in = operand.in_geometry;
+        const Geometry& out = operand.out_geometry;
+        HeadRow<Storage>& row = cursor.row;
+        row.in.data = static_cast<const Storage*>(operand.in) + in.offset(cursor.sequence, head, s, 0);
+        row.in.stride = in.stride_dim;
+        row.out.data = static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0);
+        row.out.stride = out.stride_dim;
+        row.kernel = kernels_[is_q ? 0 : 1];
+    }
+
+    const Plan& plan_;
+    const RowKernel<Storage> (&kernels_)[2];  // For q's rows and for k's.
+    int64_t heads_per_sequence_;   // q heads + k heads.
+    int64_t first_sequence_ = 0;   // Sequence of the tile's first head.
+    int64_t first_head_ = 0;       // Its head.
+    int64_t heads_ = 0;            // Heads in the tile.
+    int64_t first_token_ = 0;      // First token of the tile, within the chunk.
+    int64_t tokens_ = 0;           // Tokens in the tile.
+    int64_t chunk_first_token_ = 0;  // First token of the chunk, within the sequence.
+};
+
+}  // namespace
+}  // namespace rope::cpu_eigen
