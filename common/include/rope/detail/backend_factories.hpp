@@ -11,7 +11,7 @@ namespace rope {
 /// @brief cpu-naive (cpu/naive_backend.cpp). @return a new backend.
 std::unique_ptr<Backend> make_cpu_naive_backend();
 #if ROPE_HAVE_EIGEN
-/// @brief cpu-eigen (cpu/eigen_backend.cpp). @param options worker threads. @return a new backend.
+/// @brief cpu-eigen (cpu/eigen/backend.cpp). @param options worker threads. @return a new backend.
 std::unique_ptr<Backend> make_cpu_eigen_backend(const BackendOptions& options);
 #endif
 #if ROPE_HAVE_CUDA
