@@ -80,16 +80,19 @@ def host_us(call, count):
 
 
 def gpu_us(call, count, graph, calls=None):
-    """Median microseconds per call of a batch of ``calls`` calls (a whole number of passes over the sets)
-    on the GPU, queued behind a GPU sleep (graph False) or replayed from a CUDA graph, CUDA events around it."""
-    calls = calls or -(-64 // count) * count
+    """Median microseconds per call of a batch of calls on the GPU, CUDA events around it: queued behind a
+    GPU sleep (graph False; at most 512 calls, which the launch queue holds while the GPU sleeps, each batch
+    going on over the sets where the last one stopped) or replayed from a CUDA graph (whole passes over the
+    sets); either way a set's next visit comes after every other set's."""
+    calls = calls or (-(-64 // count) * count if graph else min(512, -(-64 // count) * count))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # Warm-up on every set, off the capture, as PyTorch asks.
         for i in range(count):
             call(i)
     torch.cuda.current_stream().wait_stream(side)
-    batch = lambda: [call(c % count) for c in range(calls)]  # noqa: E731
+    visits = itertools.count()
+    batch = lambda: [call(next(visits) % count) for _ in range(calls)]  # noqa: E731
     if graph:
         captured = torch.cuda.CUDAGraph()
         with torch.cuda.graph(captured):

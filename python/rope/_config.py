@@ -84,7 +84,7 @@ def _read(key: str, value: Any, kind: type) -> Any:
         if kind is list:
             return [float(v) for v in value]
         return kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise _fail(where, repr(value), f"must be {'a list of numbers' if kind is list else kind.__name__}") from None
 
 
@@ -152,7 +152,10 @@ class Config:
         native = _rope.RopeConfig()
         native.head_dim = head_dim
         native.rotary_dim = _integer("rotary_dim", rotary_dim or 0)
-        native.base = float(10000.0 if base is None else base)
+        try:
+            native.base = float(10000.0 if base is None else base)
+        except (TypeError, ValueError, OverflowError):
+            raise _fail("base", repr(base), "must be a number") from None
         native.style = _rope.parse_style(style)
         native.precise_angles = bool(precise_angles)
         native.scaling = _native_scaling(fields)

@@ -8,7 +8,8 @@ rope.ops.rope_, rope.ops.rope, torch.ops.rope.apply_):
   rope.Error naming ``positions``, never truncated (positions=[1.9] * 8 used to
   rotate by position 1), and nothing is written;
 - a Python integer beyond int64 (positions, offsets, cp, max_position, config
-  fields) is a rope.Error naming it, not nanobind's TypeError or OverflowError;
+  fields; beyond float64 for base and factor) is a rope.Error naming it, not
+  nanobind's TypeError or Python's OverflowError;
 - an inference tensor rotated in place outside torch.inference_mode() is
   refused by rope.ops.rope_ whichever operator is registered (the C++ one, or
   the Python fallback: CTest runs this file under ROPE_PYTHON_OPERATOR=1 too).
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.skipif(not HOST_BACKENDS, reason="no host backend avail
 
 HEAD_DIM, SEQ = 32, 8
 BIG = 2 ** 70  # no int64 holds it
+HUGE = 10 ** 400  # no float64 holds it
 
 
 def config(**fields):
@@ -87,11 +89,12 @@ def test_non_integer_positions_are_refused_never_truncated(backend, case):
 
 
 @pytest.mark.parametrize("call", ["positions", "ids", "cp", "max_position", "head_dim", "rotary_dim", "sections",
-                                  "original_max_position_embeddings"])
+                                  "original_max_position_embeddings", "base", "factor"])
 def test_integers_beyond_int64_are_rope_errors(call):
     q = random_array((1, 2, SEQ, HEAD_DIM), "float32", 3)
     before = q.copy()
-    with pytest.raises(rope.Error, match=re.escape(f"= {BIG}") + ".*int64"):
+    expected = re.escape(f"= {HUGE}") + ".*must be" if call in ("base", "factor") else re.escape(f"= {BIG}") + ".*int64"
+    with pytest.raises(rope.Error, match=expected):
         if call == "positions":
             rope.apply(q, None, config(), positions=BIG)
         elif call == "ids":
@@ -106,8 +109,12 @@ def test_integers_beyond_int64_are_rope_errors(call):
             config(rotary_dim=BIG)
         elif call == "sections":
             config(mrope_section=[BIG, 8, 8])
-        else:
+        elif call == "original_max_position_embeddings":
             config(scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": BIG})
+        elif call == "base":  # Beyond float too: a number out of range, named.
+            config(base=HUGE)
+        else:
+            config(scaling={"rope_type": "linear", "factor": HUGE})
     assert np.array_equal(q, before)
 
 
@@ -145,14 +152,24 @@ def rotate(torch, entry, q, positions, cfg):
     return q
 
 
+try:
+    import torch as _torch
+    CUDA = _torch.cuda.is_available() and rope.list_backends()[3].available
+except ImportError:
+    CUDA = False
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not CUDA, reason="needs a CUDA device and rope built with CUDA")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_torch_integer_positions_of_any_type_and_strides(entry):
+def test_torch_integer_positions_of_any_type_and_strides(entry, device):
     torch = torch_or_skip()
     for name, ids, values in torch_views(torch):
-        q = torch.from_numpy(random_array((2, 3, SEQ, HEAD_DIM), "float32", 5))
-        x = q.numpy().copy()
-        got = rotate(torch, entry, q, ids, config())
-        check_rotated(got.numpy(), x, values.numpy())
+        x = random_array((2, 3, SEQ, HEAD_DIM), "float32", 5)
+        q = torch.from_numpy(x.copy()).to(device)
+        got = rotate(torch, entry, q, ids.to(device), config())  # ids on q's device, as the backend wants them
+        check_rotated(got.cpu().numpy(), x, values.numpy())
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

@@ -249,7 +249,7 @@ def test_eager_rope_is_the_cpp_kernel_without_the_dispatcher():
     # rope.ops.rope_ in eager code calls rope._torch_ops.rope_ (python/torch_ops/eager.cpp): the
     # operator's kernel with the same results, the same version-counter moves, rope.Error for bad input.
     if not CPP_EXPECTED:
-        pytest.skip("rope/_torch_ops.so was not built (PyTorch absent at build time): rope_ uses rope._rope")
+        pytest.skip("rope/_torch_ops.so was not built (PyTorch absent at build time): rope_ calls the operator")
     if os.environ.get("ROPE_PYTHON_OPERATOR") == "1":
         pytest.skip("ROPE_PYTHON_OPERATOR=1 asks for the Python operator")
     config = rope.Config(head_dim=32, style="gptj", base=500.0)
