@@ -19,17 +19,6 @@
 /// memory of the current device (rope/tensor.hpp), and a kernel that quietly
 /// read its operands over the host bus would run many times slower.
 ///
-/// One caller is trusted instead of asked about: the PyTorch operator
-/// (torch.ops.rope.apply_, python/torch_ops/; rope.ops.rope_ calls its kernel directly in
-/// eager code). A PyTorch tensor carries its device
-/// (tensor.device()), as authoritative as the driver's answer for memory PyTorch
-/// allocated: the operator checks that every tensor of the call is a CUDA tensor
-/// of one device, makes that device current (its device guard) and sets
-/// Plan::pointers_verified, and the check below returns at once. A tensor whose
-/// device lies about its memory (torch.from_blob given a host pointer and a CUDA
-/// device) would fault here as it faults in PyTorch's own kernels. Every other
-/// caller (rope::apply: C++, rope.apply, rope.ops.rope_ through DLPack) is asked about.
-///
 /// The check is a host-side query per pointer: it neither allocates nor
 /// synchronises. It runs when rope::apply is called (during capture, for a CUDA
 /// graph), not when a captured graph is replayed. tests/cuda_under_load_test.cpp
@@ -83,11 +72,9 @@ inline void check_device_pointer(const char* name, const void* pointer, int devi
 
 /// @brief Checks every pointer the kernels of @p plan will dereference: q, k and their
 /// outputs (of operands with heads), the position arrays and a caller's cos/sin table.
-/// Nothing is asked when the caller has vouched for them (Plan::pointers_verified).
 /// @param plan a validated, non-empty plan for Device::cuda.
 /// @throws rope::Error naming the first pointer that is not memory of the current device.
 inline void check_device_pointers(const Plan& plan) {
-    if (plan.pointers_verified) return;  // The PyTorch operator: each tensor's device, checked (above).
     int device = 0;
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
     auto check_operand = [&](const Operand& operand, const char* in_name, const char* out_name) {

@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _rope
-from ._config import Config, _fail
+from ._config import Config, _fail, _integer
 
 # DLPack device types whose memory rope's CUDA backends address (CUDA, CUDA managed).
 _CUDA_DEVICE_TYPES = (2, 13)
@@ -35,9 +35,11 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
         k: keys, same batch, seq and head_dim as q, heads dividing q's; None rotates q only.
         config: the model's RoPE (rope.Config).
         positions: None (0, 1, ..., seq-1), an int offset (KV-cache decode), or
-            int64 ids: [seq], [batch, seq], or with several axes (M-RoPE, axial)
-            [axes, seq] or [axes, batch, seq]. Lists and NumPy arrays of other
-            integer types are converted to int64 (host backends only).
+            integer ids: [seq], [batch, seq], or with several axes (M-RoPE, axial)
+            [axes, seq] or [axes, batch, seq]; a list, or a NumPy, PyTorch or
+            CuPy array of any integer type and any strides (a slice, an
+            ``expand()``ed row), converted to contiguous int64 where needed, on
+            its own device. Floats and bools are refused, never rounded.
         backend: "cpu-naive", "cpu-eigen", "cuda-naive" or "cuda-optimized";
             None picks cuda-optimized for CUDA tensors and cpu-eigen (else
             cpu-naive) for host arrays.
@@ -78,8 +80,9 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
     q_out, k_out = (None, None) if out is None else out
     if layout is None:
         layout = "thd" if getattr(q, "ndim", 4) == 3 else "bhsd"
-    cp_size, cp_rank = (1, 0) if cp is None else cp
-    arrays = [q, k, q_out, k_out, ids, _host_index(cu_seqlens), _host_index(starts), cos_sin_cache]
+    cp_size, cp_rank = _cp(cp)
+    max_position = _integer("max_position", max_position)
+    arrays = [q, k, q_out, k_out, ids, _index("cu_seqlens", cu_seqlens), _index("starts", starts), cos_sin_cache]
 
     handle = 0
     if stream is not None:
@@ -97,8 +100,17 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
 
     q, k, q_out, k_out, ids, cu_seqlens, starts, cos_sin_cache = arrays
     _rope.apply(backend or "", config._native, q, k, q_out, k_out, layout, offset, ids, cu_seqlens, starts,
-                int(cp_size), int(cp_rank), int(max_position), cos_sin_cache, bool(inverse), handle, bits)
+                cp_size, cp_rank, max_position, cos_sin_cache, bool(inverse), handle, bits)
     return result
+
+
+def _cp(cp: Any) -> Tuple[int, int]:
+    """(cp_size, cp_rank) from ``cp``: None (unsharded) or a pair of ints."""
+    if cp is None:
+        return 1, 0
+    if not isinstance(cp, (tuple, list)) or len(cp) != 2:
+        raise _fail("cp", repr(cp), "must be a pair (size, rank)")
+    return _integer("cp[0]", cp[0]), _integer("cp[1]", cp[1])
 
 
 def list_backends() -> list:
@@ -121,19 +133,53 @@ def _refuse_autograd(tensor: Any, name: str) -> None:
 
 # --- Positions ------------------------------------------------------------------------
 def _positions(positions: Any) -> Tuple[int, Any]:
-    """(offset, ids): an int is an offset; anything else is an ids array."""
+    """(offset, ids): an int is an offset; anything else is integer ids (see _index)."""
     if positions is None:
         return 0, None
-    if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool):
-        return int(positions), None
-    return 0, _host_index(positions)
+    if isinstance(positions, (int, np.integer)) and not isinstance(positions, (bool, np.bool_)):
+        return _integer("positions", positions), None
+    if isinstance(positions, (bool, float, np.bool_, np.floating)):
+        raise _fail("positions", type(positions).__name__, _NOT_INTEGERS)
+    return 0, _index("positions", positions)
 
 
-def _host_index(values: Any) -> Any:
-    """Lists and NumPy integer arrays as contiguous int64 NumPy arrays; other arrays as they are."""
-    if isinstance(values, (list, tuple)) or (isinstance(values, np.ndarray) and values.dtype.kind in "iu"):
-        return np.ascontiguousarray(values, dtype=np.int64)
-    return values
+_NOT_INTEGERS = "must be integers (any integer dtype): never rounded"
+_INT64_MAX = (1 << 63) - 1
+
+
+def _index(name: str, values: Any) -> Any:
+    """Integer ids as users hold them (a list, a NumPy array or a PyTorch/CuPy tensor of any integer
+    type and strides) as the contiguous int64 array rope reads, converted on the array's own device
+    (and, for PyTorch, on its current stream, the one the call runs on). Anything but integers is a
+    rope.Error naming ``name``: a float position is never rounded. Other objects pass unchanged (the
+    C++ call names what it cannot use)."""
+    if values is None:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(values, torch.Tensor):
+        if values.dtype == torch.bool or values.is_floating_point() or values.is_complex():
+            raise _fail(name, str(values.dtype).replace("torch.", ""), _NOT_INTEGERS)
+        return values if values.dtype == torch.int64 and values.is_contiguous() else values.to(torch.int64).contiguous()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(values, cupy.ndarray):
+        if values.dtype.kind not in "iu":
+            raise _fail(name, values.dtype.name, _NOT_INTEGERS)
+        return cupy.ascontiguousarray(values, dtype=cupy.int64)
+    if not isinstance(values, (list, tuple, range, np.ndarray)):
+        return values
+    array = np.asarray(values)
+    if array.size == 0:
+        return np.zeros(array.shape, dtype=np.int64)
+    if array.dtype == object:  # Python ints beyond int64 (or a mixture NumPy could not type)
+        for value in array.flat:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _fail(name, type(value).__name__, _NOT_INTEGERS)
+            _integer(name, value)
+    if array.dtype.kind not in "iu":
+        raise _fail(name, array.dtype.name, _NOT_INTEGERS)
+    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and int(array.max()) > _INT64_MAX:
+        _integer(name, int(array.max()))
+    return np.ascontiguousarray(array, dtype=np.int64)
 
 
 # --- Streams ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ dropped would give a model a RoPE it was not trained with.
 from __future__ import annotations
 
 import json
+import operator
 from functools import lru_cache
 from typing import Any, Mapping, Optional, Sequence
 
@@ -52,22 +53,38 @@ def _fail(parameter: str, value: Any, reason: str) -> "Error":
     return Error(f"rope::Error: {parameter} = {value}: {reason}")
 
 
+def _integer(parameter: str, value: Any) -> int:
+    """``value`` as a Python int that fits rope's int64 fields, or a rope.Error naming ``parameter``.
+
+    An int, a NumPy integer, or a float with an integral value (JSON configs write 8192.0);
+    a number beyond int64 is refused here rather than by the binding's own TypeError."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise _fail(parameter, repr(value), "must be an integer") from None
+    if not -(1 << 63) <= number < (1 << 63):
+        raise _fail(parameter, number, "must fit in int64 (|value| < 2**63)")
+    return number
+
+
 def _read(key: str, value: Any, kind: type) -> Any:
     """``value`` as ``kind`` (float, int, bool, str, list of numbers), or a rope.Error naming ``key``."""
     where = f"scaling[{key!r}]"
+    if kind is int:
+        return _integer(where, value)
+    if kind is list and not key.endswith("_factor") and isinstance(value, (list, tuple)):
+        return [_integer(where, v) for v in value]
     try:
         if kind is bool:
             if not isinstance(value, (bool, int)):
                 raise TypeError
             return bool(value)
-        if kind is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise TypeError
-            return int(value)
         if kind is list:
-            return [float(v) if key.endswith("_factor") else int(v) for v in value]
+            return [float(v) for v in value]
         return kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise _fail(where, repr(value), f"must be {'a list of numbers' if kind is list else kind.__name__}") from None
 
 
@@ -125,6 +142,7 @@ class Config:
         # A keyword and a dict entry for the same thing must agree.
         base = _agree("base", base, "rope_theta", fields.pop("config.base", None))
         factor = fields.pop("config.partial_rotary_factor", None)
+        head_dim = _integer("head_dim", head_dim)
         from_factor = None if factor is None else int(head_dim * factor)
         rotary_dim = _agree("rotary_dim", rotary_dim or None, "partial_rotary_factor", from_factor)
         mrope_section = _agree("mrope_section", list(mrope_section) if mrope_section else None, "mrope_section",
@@ -132,9 +150,12 @@ class Config:
         mrope_interleaved = bool(mrope_interleaved or fields.pop("config.mrope_interleaved", False))
 
         native = _rope.RopeConfig()
-        native.head_dim = int(head_dim)
-        native.rotary_dim = int(rotary_dim or 0)
-        native.base = float(10000.0 if base is None else base)
+        native.head_dim = head_dim
+        native.rotary_dim = _integer("rotary_dim", rotary_dim or 0)
+        try:
+            native.base = float(10000.0 if base is None else base)
+        except (TypeError, ValueError, OverflowError):
+            raise _fail("base", repr(base), "must be a number") from None
         native.style = _rope.parse_style(style)
         native.precise_angles = bool(precise_angles)
         native.scaling = _native_scaling(fields)
@@ -143,12 +164,12 @@ class Config:
         if mrope_section:
             native.assignment = (_rope.AxisAssignment.mrope_interleaved if mrope_interleaved
                                  else _rope.AxisAssignment.mrope_contiguous)
-            native.sections = [int(s) for s in mrope_section]
+            native.sections = [_integer("mrope_section", s) for s in mrope_section]
         elif mrope_interleaved:
             raise _fail("mrope_interleaved", True, "needs mrope_section")
         elif axial_sections:
             native.assignment = _rope.AxisAssignment.axial
-            native.sections = [int(s) for s in axial_sections]
+            native.sections = [_integer("axial_sections", s) for s in axial_sections]
         native.validate()
         self._set_native(native)
 
@@ -232,7 +253,7 @@ class Config:
         """``(inv_freq, attention_factor)``: theta_i (float32) and the factor on cos and sin that
         every backend uses for a call whose largest position + 1 is ``max_position``
         (it matters for dynamic and longrope only)."""
-        return _rope.frequency_table(self._native, int(max_position))
+        return _rope.frequency_table(self._native, _integer("max_position", max_position))
 
     # --- Identity: the PyTorch operator passes a Config as this string ---------------
     @property

@@ -1,39 +1,40 @@
 """rope as PyTorch operators: torch.ops.rope.apply_ (in place) and torch.ops.rope.apply (functional).
 
 Importing this module (``rope.ops``; ``import rope`` alone never imports torch)
-registers two operators:
+registers two operators, in the shape of a PyTorch C++ extension
+(pytorch/extension-cpp: the operators defined and implemented in C++, the
+Python parts added here):
 
 - ``rope::apply_`` rotates q and k in place. Its schema declares the mutation
   (``Tensor(a0!) q, Tensor(a1!)? k``), so torch.compile orders it correctly
   against every other use of q and k, and it returns nothing. For inference
-  (no autograd). It is registered in C++ (python/torch_ops/: TORCH_LIBRARY, loaded
-  from rope/_torch_ops.so), so a call goes from Python through PyTorch's C++
-  dispatcher to rope's kernel with no Python in between; registered in Python
-  (torch.library.custom_op) every call ran Python dispatch code. In plain
-  eager code rope_ calls the same C++ kernel without the dispatcher
-  (rope._torch_ops.rope_, python/torch_ops/eager.cpp). Where the
-  library was not built (PyTorch missing at build time, e.g. ``pip install .``
-  in an isolated build environment) or was built for another PyTorch version,
-  the same schema is registered with custom_op instead (``CPP_OPERATOR`` says which).
+  (no autograd); its q and k version counters move, as PyTorch's own in-place
+  operators' do.
 - ``rope::apply`` returns the rotated q and k as new tensors. It is
   differentiable: RoPE is a rotation R, linear in q and k, so the gradient of
   the loss with respect to q is R^T times the gradient with respect to the
   output, and R^T is the inverse rotation. Its backward is therefore the same
   operator with ``inverse`` flipped, applied to the incoming gradients
-  (``register_autograd``). With an attention factor a (yarn, longrope) the
-  forward is a R and the backward a R^T: rope's inverse direction keeps the factor.
-  A custom_op: its cost per call is Python's, next to an allocation of the outputs.
+  (``register_autograd`` below). With an attention factor a (yarn, longrope)
+  the forward is a R and the backward a R^T: rope's inverse direction keeps the factor.
 
-Both have a fake (meta) implementation: given tensors without data, it says
-what the outputs look like, so torch.compile(fullgraph=True) traces through
-the call instead of breaking the graph.
+Both are defined and implemented in C++ (python/torch_ops/operator.cpp:
+TORCH_LIBRARY, a kernel per device that checks the tensors and makes one
+rope::apply call), loaded from rope/_torch_ops.so. This file adds their fake
+implementations (``register_fake``: given tensors without data, they say what
+the outputs look like, so torch.compile(fullgraph=True) traces through the
+call) and the functional operator's backward. Where the library was not built
+(PyTorch missing at build time, e.g. ``pip install .`` in an isolated build
+environment) or was built for another PyTorch version, the same two schemas
+are registered here with torch.library.custom_op over rope._rope, with the
+same checks and messages (``CPP_OPERATOR`` says which is in use).
 
-The rope.Config travels through the operator as its ``key`` (a JSON string:
+The rope.Config travels through the operators as its ``key`` (a JSON string:
 operators take tensors, numbers and strings); the C++ kernel and
 ``Config.from_key`` read it with the same C++ code, once per key, cached. The
 cos/sin table and the ids are not differentiated. A bad argument raises
-rope.Error (a ValueError) from rope and from rope_ in eager code; the C++
-torch.ops.rope.apply_ raises ValueError with the same message.
+rope.Error (a ValueError) from rope.ops.rope_ and rope.ops.rope; called
+directly, torch.ops.rope.apply_ and apply raise ValueError with the same message.
 """
 
 from __future__ import annotations
@@ -43,54 +44,22 @@ import pathlib
 import warnings
 from typing import Any, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from . import _rope
-from ._config import Config, _fail
-
-# DLPack capsules straight from PyTorch's C++ side: the same capsule
-# Tensor.__dlpack__() returns, without its Python-level checks (which refuse
-# tensors that require grad; here autograd is this operator's own business).
-# The capsule owns a reference to the tensor: the memory lives until rope is done.
-_to_dlpack = getattr(torch._C, "_to_dlpack", None) or torch.utils.dlpack.to_dlpack
+from ._apply import _cp, _index, _positions
+from ._config import Config, _fail, _integer
 
 
-def _capsule(tensor: Optional[Tensor]) -> Any:
-    return None if tensor is None else _to_dlpack(tensor)
-
-
-def _current_stream(device: torch.device) -> int:
-    """PyTorch's current CUDA stream on ``device``, as the cudaStream_t integer."""
-    return torch.cuda.current_stream(device).cuda_stream
-
-
-# The same without building a torch.cuda.Stream object, where PyTorch has it (less host
-# time per call, which a decode step notices).
-if hasattr(torch._C, "_cuda_getCurrentRawStream"):
-    def _current_stream(device: torch.device) -> int:  # noqa: F811
-        return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else -1)
-
-
-def _launch(q: Tensor, k: Optional[Tensor], q_out: Optional[Tensor], k_out: Optional[Tensor],
-            config: "_rope.RopeConfig", offset: int, ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
-            starts: Optional[Tensor], cp_size: int, cp_rank: int, cos_sin_cache: Optional[Tensor], layout: str,
-            inverse: bool, backend: str, max_position: int) -> None:
-    """One rope call on PyTorch tensors, on PyTorch's current stream of q's device."""
-    stream = _current_stream(q.device) if q.is_cuda else 0
-    _rope.apply(backend, config, _capsule(q), _capsule(k), _capsule(q_out), _capsule(k_out), layout, offset,
-                _capsule(ids), _capsule(cu_seqlens), _capsule(starts), cp_size, cp_rank, max_position,
-                _capsule(cos_sin_cache), inverse, stream, 0)
-
-
-# --- rope::apply_: in place ------------------------------------------------------------------
 def _load_cpp_operator() -> Any:
-    """Imports rope._torch_ops, which registers rope::apply_ in C++; the module, or None where it cannot be used.
+    """Imports rope._torch_ops, which registers the operators in C++; the module, or None where it cannot be used.
 
     The library is tied to the PyTorch it was compiled against (PyTorch's C++ API
     changes between versions): it is imported only into that version, else a warning
-    says so and the operator is registered in Python. ROPE_PYTHON_OPERATOR=1 asks
-    for the Python registration (to compare the two).
+    says so and the operators are registered in Python. ROPE_PYTHON_OPERATOR=1 asks
+    for the Python registration (the tests run the operators' tests against both).
     """
     here = pathlib.Path(__file__).resolve().parent
     library = here / "_torch_ops.so"
@@ -100,8 +69,8 @@ def _load_cpp_operator() -> Any:
     built_for = stamp.read_text().strip() if stamp.exists() else "an unknown version"
     if built_for != torch.__version__:
         warnings.warn(f"rope: {library.name} was built for PyTorch {built_for}, this is PyTorch {torch.__version__}: "
-                      "torch.ops.rope.apply_ is registered in Python instead (slower per call); reinstall rope "
-                      "against this PyTorch to get the C++ operator", RuntimeWarning)
+                      "the operators are registered in Python instead (slower per call); reinstall rope "
+                      "against this PyTorch to get the C++ operators", RuntimeWarning)
         return None
     from . import _torch_ops  # Loading it runs its TORCH_LIBRARY registration.
     return _torch_ops
@@ -109,52 +78,61 @@ def _load_cpp_operator() -> Any:
 
 _cpp_operator = _load_cpp_operator()
 
-#: The path of the C++ operator library in use, or None where rope::apply_ is registered in Python.
+#: The path of the C++ operator library in use, or None where the operators are registered in Python.
 CPP_OPERATOR: Optional[str] = None if _cpp_operator is None else str(pathlib.Path(_cpp_operator.__file__).resolve())
 
-# rope_'s way into the C++ kernel in eager code (python/torch_ops/eager.cpp), where the library is loaded.
-_eager_entry = None if _cpp_operator is None else _cpp_operator.rope_
 
-
-def _apply_in_place(q: Tensor, k: Optional[Tensor], config: str, offset: int, ids: Optional[Tensor],
-                    cu_seqlens: Optional[Tensor], starts: Optional[Tensor], cp_size: int, cp_rank: int,
-                    cos_sin_cache: Optional[Tensor], layout: str, inverse: bool, backend: str,
-                    max_position: int) -> None:
-    """rope::apply_ in Python: the kernel where the C++ library is not loaded."""
-    _launch(q, k, None, None, Config.from_key(config)._native, offset, ids, cu_seqlens, starts, cp_size, cp_rank,
-            cos_sin_cache, layout, inverse, backend, max_position)
-
-
-def _apply_in_place_fake(q, k, config, offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache, layout,
-                         inverse, backend, max_position):
-    return None  # Nothing new: q and k are changed where they are.
-
-
-if CPP_OPERATOR is None:
-    torch.library.custom_op("rope::apply_", mutates_args=("q", "k"))(_apply_in_place).register_fake(
-        _apply_in_place_fake)
-else:
-    torch.library.register_fake("rope::apply_")(_apply_in_place_fake)
-
-
-# --- rope::apply: functional, differentiable ---------------------------------------------------
 def _outputs_like(q: Tensor, k: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     # k None (rotate q only): an empty tensor stands for its output, operators return tensors.
     return torch.empty_like(q), (q.new_empty(0) if k is None else torch.empty_like(k))
 
 
-@torch.library.custom_op("rope::apply", mutates_args=())
-def _apply_functional(q: Tensor, k: Optional[Tensor], config: str, offset: int, ids: Optional[Tensor],
-                      cu_seqlens: Optional[Tensor], starts: Optional[Tensor], cp_size: int, cp_rank: int,
-                      cos_sin_cache: Optional[Tensor], layout: str, inverse: bool, backend: str,
-                      max_position: int) -> Tuple[Tensor, Tensor]:
-    q_out, k_out = _outputs_like(q, k)
-    _launch(q, k, q_out, None if k is None else k_out, Config.from_key(config)._native, offset, ids, cu_seqlens,
-            starts, cp_size, cp_rank, cos_sin_cache, layout, inverse, backend, max_position)
-    return q_out, k_out
+# --- Without the C++ library: the same operators registered in Python -------------------------
+if _cpp_operator is None:
+    def _kernel(q, k, q_out, k_out, config, offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache,
+                layout, inverse, backend, max_position) -> None:
+        """operator.cpp's rotate() in Python: the same checks, then one call through rope._rope and DLPack."""
+        stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+        capsules = [None if t is None else torch.utils.dlpack.to_dlpack(t.detach()) for t in (
+            q, k, q_out, k_out, _index("positions", ids), _index("cu_seqlens", cu_seqlens), _index("starts", starts),
+            cos_sin_cache)]
+        q, k, q_out, k_out, ids, cu_seqlens, starts, cos_sin_cache = capsules
+        _rope.apply(backend, Config.from_key(config)._native, q, k, q_out, k_out, layout, offset, ids, cu_seqlens,
+                    starts, cp_size, cp_rank, max_position, cos_sin_cache, inverse, stream, 0)
+
+    @torch.library.custom_op("rope::apply_", mutates_args=("q", "k"))
+    def _apply_in_place(q: Tensor, k: Optional[Tensor], config: str, offset: int, ids: Optional[Tensor],
+                        cu_seqlens: Optional[Tensor], starts: Optional[Tensor], cp_size: int, cp_rank: int,
+                        cos_sin_cache: Optional[Tensor], layout: str, inverse: bool, backend: str,
+                        max_position: int) -> None:
+        if not torch.is_inference_mode_enabled():  # As operator.cpp refuses it, before anything is written.
+            for name, tensor in (("q", q), ("k", k)):
+                if tensor is not None and tensor.is_inference():
+                    raise _fail(name, "an inference tensor",
+                                "is rotated in place outside torch.inference_mode(), which PyTorch does not allow: "
+                                "clone it first, or call inside torch.inference_mode()")
+        _kernel(q, k, None, None, config, offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache, layout,
+                inverse, backend, max_position)
+
+    @torch.library.custom_op("rope::apply", mutates_args=())
+    def _apply_functional(q: Tensor, k: Optional[Tensor], config: str, offset: int, ids: Optional[Tensor],
+                          cu_seqlens: Optional[Tensor], starts: Optional[Tensor], cp_size: int, cp_rank: int,
+                          cos_sin_cache: Optional[Tensor], layout: str, inverse: bool, backend: str,
+                          max_position: int) -> Tuple[Tensor, Tensor]:
+        q_out, k_out = _outputs_like(q, k)
+        _kernel(q, k, q_out, None if k is None else k_out, config, offset, ids, cu_seqlens, starts, cp_size, cp_rank,
+                cos_sin_cache, layout, inverse, backend, max_position)
+        return q_out, k_out
 
 
-@_apply_functional.register_fake
+# --- What the operators add in Python: fake implementations and the backward -----------------
+@torch.library.register_fake("rope::apply_")
+def _(q, k, config, offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache, layout, inverse, backend,
+      max_position):
+    return None  # Nothing new: q and k are changed where they are.
+
+
+@torch.library.register_fake("rope::apply")
 def _(q, k, config, offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache, layout, inverse, backend,
       max_position):
     return _outputs_like(q, k)
@@ -178,22 +156,40 @@ def _backward(ctx, grad_q, grad_k):
     return (grad_q_in, grad_k_in if ctx.has_k else None) + (None,) * 12
 
 
-_apply_functional.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("rope::apply", _backward, setup_context=_setup_context)
 
 
 # --- What users call ------------------------------------------------------------------------------
-def _arguments(q: Tensor, config: Config, positions: Any, layout: Optional[str], cu_seqlens: Optional[Tensor],
-               starts: Optional[Tensor], cp: Optional[Tuple[int, int]], backend: Optional[str]) -> tuple:
-    """The operator's (offset, ids, cu_seqlens, starts, cp_size, cp_rank, layout, backend) from rope.apply's forms."""
+def _arguments(q: Tensor, k: Optional[Tensor], config: Config, positions: Any, layout: Optional[str],
+               cu_seqlens: Optional[Tensor], starts: Optional[Tensor], cp: Any, cos_sin_cache: Optional[Tensor],
+               inverse: bool, backend: Optional[str], max_position: int) -> tuple:
+    """The operators' 14 arguments from rope.apply's forms, checked as rope.apply checks them."""
     if not isinstance(config, Config):
         raise _fail("config", type(config).__name__, "must be a rope.Config")
-    offset, ids = (int(positions), None) if isinstance(positions, int) else (0, positions)
-    if ids is not None and not isinstance(ids, Tensor):
-        ids = torch.as_tensor(ids, dtype=torch.int64, device=q.device)
+    offset, ids = _positions(positions)
+    if ids is not None and not isinstance(ids, Tensor):  # A list or a NumPy array, now int64.
+        ids = torch.as_tensor(np.asarray(ids), device=q.device)
     layout = layout or ("thd" if q.dim() == 3 else "bhsd")
-    cp_size, cp_rank = (1, 0) if cp is None else cp
+    cp_size, cp_rank = _cp(cp)
     # "": the C++ side picks by device (cuda-optimized on CUDA, cpu-eigen or cpu-naive on the host).
-    return offset, ids, cu_seqlens, starts, cp_size, cp_rank, layout, backend or ""
+    return (q, k, config.key, offset, ids, cu_seqlens, starts, cp_size, cp_rank, cos_sin_cache, layout,
+            bool(inverse), backend or "", _integer("max_position", max_position))
+
+
+def _as_rope_error(call, *arguments):
+    """The operator's ValueError (rope's message) as rope.Error, which rope.ops promises."""
+    try:
+        return call(*arguments)
+    except _rope.Error:
+        raise
+    except ValueError as error:
+        if "rope::Error" not in str(error):
+            raise
+        raise _rope.Error(str(error).split("\n")[0]) from None
+
+
+# rope_'s fast way into the C++ kernel in eager code (python/torch_ops/eager.cpp), where the library is loaded.
+_eager_entry = None if _cpp_operator is None else _cpp_operator.rope_
 
 
 def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None, *, layout: Optional[str] = None,
@@ -202,45 +198,22 @@ def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None,
           max_position: int = 0) -> Tuple[Tensor, Optional[Tensor]]:
     """Rotates q and k in place (torch.ops.rope.apply_; not differentiable); returns (q, k).
 
-    The arguments are rope.apply's (positions: None, an int offset or an int64
-    ids tensor; layout, cu_seqlens, starts, cp, cos_sin_cache, inverse,
-    backend, max_position). The kernel runs on PyTorch's current stream. Under
-    torch.compile (or any tracing) the call is the operator torch.ops.rope.apply_;
-    in plain eager code the same kernel is called without PyTorch's dispatcher
-    (its q and k version counters move as the operator's do). A bad argument
-    raises rope.Error, before q or k is written.
+    The arguments are rope.apply's (positions: None, an int offset, or integer
+    ids as a tensor, a list or a NumPy array; layout, cu_seqlens, starts, cp,
+    cos_sin_cache, inverse, backend, max_position). The kernel runs on
+    PyTorch's current stream. A bad argument raises rope.Error, before q or k
+    is written; so does an inference tensor outside torch.inference_mode().
     """
-    # Plain eager code: rope's C++ entry (python/torch_ops/eager.cpp) takes the arguments as
-    # given and runs the operator's kernel without PyTorch's dispatcher, which costs host time
-    # on every call even for PyTorch's own operators (a decode step notices it). It
-    # returns False, having done nothing, where PyTorch must see the call (a mode, a tensor
-    # subclass) or an argument needs Python's conversion first (positions as a list); so does
-    # the check for torch.compile, where the call must be the operator in the graph.
-    # What each path costs: bench/results/h200-python-op-cost.csv, chapter 9.
+    # Aside: in plain eager code, with the C++ library loaded, the arguments go as given to the
+    # operator's kernel without PyTorch's dispatcher (python/torch_ops/eager.cpp says why and when
+    # it declines); the result, the checks and the version counters are the operator's.
     if _eager_entry is not None and not torch.compiler.is_compiling() and _eager_entry(
             q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend, max_position):
         return q, k
-    offset, ids, cu, st, cp_size, cp_rank, layout, backend = _arguments(q, config, positions, layout, cu_seqlens,
-                                                                         starts, cp, backend)
-    if _cpp_operator is None and _eager(q):
-        # No C++ library: the kernel through rope._rope and DLPack, still without the dispatcher
-        # (through it, the Python-registered operator runs Python code on every call).
-        _launch(q, k, None, None, config._native, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
-                bool(inverse), backend, int(max_position))
-    else:
-        torch.ops.rope.apply_(q, k, config.key, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache, layout,
-                              bool(inverse), backend, int(max_position))
+    arguments = _arguments(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
+                           max_position)
+    _as_rope_error(torch.ops.rope.apply_, *arguments)
     return q, k
-
-
-# How many TorchDispatchModes are active (PyTorch-internal; without it, always take the operator).
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
-
-
-def _eager(q: Tensor) -> bool:
-    """True when nothing (torch.compile, a tensor subclass, a dispatch or function mode) would see the call."""
-    return (_dispatch_modes is not None and type(q) is Tensor and not torch.compiler.is_compiling()
-            and not torch._C._is_torch_function_mode_enabled() and _dispatch_modes() == 0)
 
 
 def rope(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None, *, layout: Optional[str] = None,
@@ -252,8 +225,7 @@ def rope(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None, 
 
     Returns (q_rotated, k_rotated), k_rotated None when k is None. Arguments as rope_.
     """
-    offset, ids, cu, st, cp_size, cp_rank, layout, backend = _arguments(q, config, positions, layout, cu_seqlens,
-                                                                         starts, cp, backend)
-    q_out, k_out = torch.ops.rope.apply(q, k, config.key, offset, ids, cu, st, cp_size, cp_rank, cos_sin_cache,
-                                        layout, bool(inverse), backend, int(max_position))
+    arguments = _arguments(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
+                           max_position)
+    q_out, k_out = _as_rope_error(torch.ops.rope.apply, *arguments)
     return q_out, (None if k is None else k_out)

@@ -152,9 +152,14 @@ rope::TensorView tensor_view(std::string_view name, const Array& array, rope::La
 }
 
 IndexArray index_array(std::string_view name, const Array& array, int max_ndim) {
+    // rope.apply and the PyTorch operators convert integer arrays of other types and strides before
+    // they get here (NumPy, PyTorch, CuPy); an array of another producer must come as contiguous int64.
+    const auto code = static_cast<dlpack::Code>(array.dtype.code);
+    if (code != dlpack::Code::Int && code != dlpack::Code::UInt)
+        rope::fail(name, dtype_text(array.dtype), "must be integers (any integer dtype): never rounded");
     if (!is(array.dtype, dlpack::Code::Int, 64))
         rope::fail(std::string(name) + ".dtype", dtype_text(array.dtype),
-                   "must be int64 (e.g. tensor.long(), array.astype(np.int64))");
+                   "must be int64 for an array rope.apply does not convert (NumPy, PyTorch and CuPy arrays are)");
     if (array.ndim < 1 || int(array.ndim) > max_ndim)
         rope::fail(std::string(name) + ".ndim", array.ndim, "must be 1 to " + std::to_string(max_ndim));
     IndexArray index;

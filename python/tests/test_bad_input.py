@@ -150,7 +150,7 @@ def call_cases():
         ("ids with 0 rows", "positions.rows = 0", simple(positions=np.ones((0, 8), np.int64))),
         ("negative offset", "positions.offset = -1: must be >= 0", simple(positions=-1)),
         ("negative id", "positions.ids[3] = -3: must be >= 0", simple(positions=np.array([0, 1, 2, -3, 4, 5, 6, 7]))),
-        ("float ids", "positions.dtype = float64: must be int64", simple(positions=np.arange(8.0))),
+        ("float ids", "positions = float64: must be integers (any integer dtype): never rounded", simple(positions=np.arange(8.0))),
         ("ids with 4 dimensions", "positions.ndim = 4", simple(positions=np.zeros((1, 1, 1, 8), np.int64))),
         ("unknown layout", "layout = bsdh: expected bhsd, bshd or thd", simple(layout="bsdh")),
         ("3-D q in layout bhsd", "q.ndim = 3: must be 4 for layout bhsd",

@@ -1,29 +1,27 @@
-// rope._torch_ops as a Python module: rope.ops.rope_'s way into the operator's
-// kernel in plain eager code, without PyTorch's dispatcher, taking rope_'s own
-// arguments as the user passed them.
+// rope._torch_ops.rope_: a fast way into the operator's kernel for plain eager
+// code, beside the operator (operator.cpp), not instead of it.
 //
-// Why: torch.ops.rope.apply_(...) parses its 14 arguments against the schema and
-// passes three dispatch keys (Autograd, ADInplaceOrView, then CPU or CUDA) before
-// rope's kernel runs: host time on every call even for PyTorch's own operators
-// (bench/results/h200-python-op-cost.csv has torch.ops.aten.copy_ beside it),
-// which a decode step notices. And turning rope_'s arguments
-// into the operator's (an offset or ids from `positions`, the default layout, the
-// pair `cp`) cost about as much again in Python. So rope.ops.rope_ first hands its
-// arguments, as given, to rope_ below: the same kernel (rotate, operator.hpp), the
-// same checks and messages, on PyTorch's current stream, and what the two dispatch
-// keys would have done: nothing for Autograd (apply_ is not differentiable), the
-// version counters moved for ADInplaceOrView.
+// torch.ops.rope.apply_(...) parses its 14 arguments against the schema and
+// passes three dispatch keys (Autograd, ADInplaceOrView, then CPU or CUDA)
+// before rope's kernel runs: a few microseconds per call even for PyTorch's own
+// operators (python/bench/op_cost.py times torch.ops.aten.copy_ beside it),
+// which a decode step notices. So rope.ops.rope_ first hands its arguments, as
+// the user gave them, to rope_ below: the same kernel (rotate, operator.hpp:
+// the same checks, messages and rope::apply call), on PyTorch's current
+// stream, and what the two dispatch keys would have done: nothing for Autograd
+// (apply_ is not differentiable), the version counters moved for
+// ADInplaceOrView.
 //
 // rope_ declines (returns False, having read nothing but its arguments' types)
 // where PyTorch must see the call: a torch-function or dispatch mode active, a
-// tensor subclass or a wrapped tensor (vmap, functionalization). It also declines
-// the argument forms that Python converts first (positions given as a list, a cp
-// that is not a tuple of two ints, ...). rope.ops.rope_ then takes the general way:
-// torch.ops.rope.apply_ through the dispatcher. Under torch.compile rope_ is never
-// called (rope.ops.rope_ checks torch.compiler.is_compiling() first).
+// tensor subclass or a wrapped tensor (vmap, functionalization). It also
+// declines the argument forms that Python checks and converts first (positions
+// given as a list or a bool, an int beyond int64, a cp that is not a tuple of
+// two ints, ...). rope.ops.rope_ then calls the operator. Under torch.compile
+// rope_ is never called (rope.ops.rope_ checks torch.compiler.is_compiling()).
 //
 // The library is one file with operator.cpp: importing rope._torch_ops also
-// registers rope::apply_ with PyTorch (TORCH_LIBRARY runs when it is loaded).
+// registers the operators with PyTorch (TORCH_LIBRARY runs when it is loaded).
 #include <cstdint>
 #include <string_view>
 
@@ -66,9 +64,9 @@ bool take_tensor(const char* name, nb::handle object, const at::Tensor*& tensor)
     return unpacked.kind != PythonTensorKind::dispatched;
 }
 
-// A Python int that fits in 64 bits (bool included, as Python's int() takes it).
+// A Python int that fits in 64 bits, not a bool (rope.ops refuses bools where it wants a number).
 bool take_int(nb::handle object, int64_t& value) {
-    if (!PyLong_Check(object.ptr())) return false;
+    if (!PyLong_Check(object.ptr()) || PyBool_Check(object.ptr())) return false;
     value = PyLong_AsLongLong(object.ptr());
     if (value == -1 && PyErr_Occurred()) {  // Too large: the general way reports it.
         PyErr_Clear();
@@ -152,8 +150,8 @@ bool rope_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positi
         {
             // Long host calls must not stall other Python threads; the tensors are held above.
             nb::gil_scoped_release no_gil;
-            rotate(run, tensors, key, offset, cp_size, cp_rank, layout_name, inverse_value != 0, backend_name,
-                   max_position_value);
+            rotate(run, tensors,
+                   {key, offset, cp_size, cp_rank, layout_name, inverse_value != 0, backend_name, max_position_value});
         }
         bump_version(*tensors.q);
         if (tensors.k != nullptr) bump_version(*tensors.k);
@@ -167,7 +165,7 @@ bool rope_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positi
 }  // namespace rope_torch
 
 NB_MODULE(_torch_ops, m) {
-    m.doc() = "rope's C++ PyTorch operator (torch.ops.rope.apply_, registered on import) and its eager entry. "
+    m.doc() = "rope's C++ PyTorch operators (torch.ops.rope.apply_ and apply, registered on import) and the eager entry. "
               "Use rope.ops, not this module.";
     m.def("rope_", &rope_torch::rope_eager, "q"_a.none(), "k"_a.none(), "config"_a.none(), "positions"_a.none(),
           "layout"_a.none(), "cu_seqlens"_a.none(), "starts"_a.none(), "cp"_a.none(), "cos_sin_cache"_a.none(),

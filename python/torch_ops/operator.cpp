@@ -1,19 +1,20 @@
-// torch.ops.rope.apply_ registered in C++ (TORCH_LIBRARY): rope's in-place
-// rotation of q and k as a PyTorch operator.
+// rope's two PyTorch operators, registered in C++ the way a PyTorch C++
+// extension registers its operators (pytorch/extension-cpp's muladd.cpp):
+// TORCH_LIBRARY defines them, TORCH_LIBRARY_IMPL gives each dispatch key its
+// kernel, and rope/ops.py adds what lives in Python: the fake implementations
+// (torch.library.register_fake, for torch.compile) and the functional
+// operator's backward (torch.library.register_autograd).
 //
-// Why C++: registered from Python (torch.library.custom_op), every call ran
-// Python dispatch code on its way to the kernel, host time several times the
-// kernel's own at a decode shape (the lab's notes: bench/results/h200.md.in).
-// Registered here, torch.ops.rope.apply_(...) goes from Python straight into
-// PyTorch's C++ dispatcher and on to the kernel below: no Python runs per call.
+//   rope::apply_(q, k, ...) -> ()                rotates q and k in place
+//   rope::apply(q, k, ...) -> (Tensor, Tensor)   returns the rotated q and k
 //
-// The schema is the one custom_op inferred from the Python function it
-// replaces (the same arguments, the mutation of q and k declared), so
-// torch.compile, opcheck and every caller see the same operator. What stays in
-// Python (rope/ops.py): the fake implementation (torch.library.register_fake,
-// which set_python_module below points to) and the functional, differentiable
-// rope::apply. Built by python/torch_ops/CMakeLists.txt when PyTorch is found;
-// without it rope/ops.py registers the same schema with custom_op.
+// Both kernels are rotate() (operator.hpp): the arguments checked by the code
+// rope.apply's arrays go through, then one rope::apply call. Registered in C++,
+// a call goes from Python straight into PyTorch's dispatcher and on to the
+// kernel, with no Python on the way (a Python-registered operator runs Python
+// dispatch code on every call). Built by python/torch_ops/CMakeLists.txt when
+// PyTorch is found; without it rope/ops.py registers the same schemas with
+// torch.library.custom_op.
 #include "operator.hpp"
 
 #include <map>
@@ -25,6 +26,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
@@ -61,8 +64,22 @@ rope_python::Array array_of(const char* name, const at::Tensor& tensor, bool wri
     return array;
 }
 
-// --- Autograd and ADInplaceOrView: what custom_op registered for the Python operator ------
-// Not differentiable (rope::apply, the functional operator, is): below autograd, as custom_op's
+// Positions, cu_seqlens and starts as users hold them: any integer dtype, any strides (a slice,
+// an expand()ed row). rope reads contiguous int64, so any other is converted into @p converted,
+// on the tensor's device and PyTorch's current stream there, the stream the call then runs on.
+// Anything but integers is refused: a float position is never rounded to one.
+const at::Tensor* index_tensor(const char* name, const at::Tensor* tensor, at::Tensor& converted) {
+    if (tensor == nullptr) return nullptr;
+    const at::ScalarType type = tensor->scalar_type();
+    if (!at::isIntegralType(type, /*includeBool=*/false))
+        rope::fail(name, c10::getDtypeNames(type).first, "must be integers (any integer dtype): never rounded");
+    if (type == at::kLong && tensor->is_contiguous()) return tensor;
+    converted = tensor->to(at::kLong).contiguous();
+    return &converted;
+}
+
+// --- Autograd and ADInplaceOrView for apply_: what custom_op registers for a Python operator -----
+// apply_ is not differentiable (apply, the functional operator, is): below autograd, as custom_op's
 // forward_no_grad runs it, so a tensor that requires grad is rotated without a graph.
 void below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     at::AutoDispatchBelowAutograd guard;
@@ -84,13 +101,19 @@ void bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
 
 }  // namespace
 
-void run_host(const KeyedConfig& keyed, rope_python::Call& call) { run_plan(keyed, call, false); }
+void run_host(const rope::RopeConfig& config, rope_python::Call& call) {
+    rope::apply(*call.backend, config, call.args);
+}
 
-void rotate(Runner run, const CallTensors& tensors, std::string_view config, int64_t offset, int64_t cp_size,
-            int64_t cp_rank, std::string_view layout, bool inverse, std::string_view backend, int64_t max_position) {
+std::tuple<at::Tensor, at::Tensor> outputs_like(const at::Tensor& q, const std::optional<at::Tensor>& k) {
+    return {at::empty_like(q), k && k->defined() ? at::empty_like(*k) : at::empty({0}, q.options())};
+}
+
+void rotate(Runner run, const CallTensors& tensors, const CallScalars& scalars) {
+    if (tensors.q == nullptr) rope::fail("q", "None", "must be a torch.Tensor");
     // An inference tensor has no version counter, and PyTorch allows no in-place update of one outside
     // torch.inference_mode(): refused here, before the rotation, rather than by the version bump after it.
-    if (!c10::InferenceMode::is_enabled()) {
+    if (tensors.q_out == nullptr && !c10::InferenceMode::is_enabled()) {
         for (const auto& [name, tensor] : {std::pair{"q", tensors.q}, std::pair{"k", tensors.k}}) {
             if (tensor != nullptr && tensor->is_inference())
                 rope::fail(name, "an inference tensor",
@@ -98,75 +121,72 @@ void rotate(Runner run, const CallTensors& tensors, std::string_view config, int
                            "clone it first, or call inside torch.inference_mode()");
         }
     }
-    const KeyedConfig& keyed = config_for_key(config);
-    const rope_python::CallOptions options{backend, layout, offset, cp_size, cp_rank, max_position, inverse, 0};
-    rope_python::Call call = prepare(keyed.config, tensors, options);
-    run(keyed, call);
-}
+    const rope::RopeConfig& config = config_for_key(scalars.config);
+    at::Tensor converted[3];  // Index tensors converted to contiguous int64, held for the call.
+    const at::Tensor* ids = index_tensor("positions", tensors.ids, converted[0]);
+    const at::Tensor* cu_seqlens = index_tensor("cu_seqlens", tensors.cu_seqlens, converted[1]);
+    const at::Tensor* starts = index_tensor("starts", tensors.starts, converted[2]);
 
-const KeyedConfig& config_for_key(std::string_view key) {
-    // This thread's last key and its entry: a model passes one key (or a few) on every call, and
-    // comparing it (a memcmp of some 200 bytes; PyTorch hands each call a fresh copy of the string,
-    // so its address says nothing) is cheaper than the lock and the map.
-    thread_local std::string last_key;
-    thread_local const KeyedConfig* last = nullptr;
-    if (last != nullptr && key == last_key) return *last;
-
-    static std::mutex mutex;
-    // One entry per distinct configuration (a model has one or a few); std::map's nodes never move
-    // and no entry is ever erased, so `last` stays valid.
-    static std::map<std::string, KeyedConfig, std::less<>> configs;
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = configs.find(key);
-    if (found == configs.end()) {
-        KeyedConfig keyed{rope_python::config_from_key(key), std::nullopt};  // Throws for a bad key: nothing stored.
-        keyed.frequencies = rope::detail::reusable_frequency_table(keyed.config);
-        found = configs.emplace(std::string(key), std::move(keyed)).first;
-    }
-    last_key.assign(key);
-    last = &found->second;
-    return *last;
-}
-
-void run_plan(const KeyedConfig& keyed, const rope_python::Call& call, bool pointers_verified) {
-    rope::Plan plan = rope::make_plan(keyed.config, call.args, call.backend->device(),
-                                      keyed.frequencies ? &*keyed.frequencies : nullptr);
-    plan.pointers_verified = pointers_verified;
-    rope::detail::run_plan(*call.backend, plan);
-}
-
-rope_python::Call prepare(const rope::RopeConfig& config, const CallTensors& tensors,
-                          const rope_python::CallOptions& options) {
-    rope_python::Array arrays[6];
+    rope_python::Array arrays[8];
     auto take = [&](size_t slot, const char* name, const at::Tensor* tensor, bool written) -> const rope_python::Array* {
         if (tensor == nullptr) return nullptr;
         arrays[slot] = array_of(name, *tensor, written);
         return &arrays[slot];
     };
-    if (tensors.q == nullptr) rope::fail("q", "None", "must be a torch.Tensor");
+    const bool in_place = tensors.q_out == nullptr;
     rope_python::CallArrays call_arrays;
-    call_arrays.q = take(0, "q", tensors.q, true);
-    call_arrays.k = take(1, "k", tensors.k, true);
-    // The names rope.apply and rope.ops.rope_ give them: the same message whichever way the call came.
-    call_arrays.ids = take(2, "positions", tensors.ids, false);
-    call_arrays.cu_seqlens = take(3, "cu_seqlens", tensors.cu_seqlens, false);
-    call_arrays.starts = take(4, "starts", tensors.starts, false);
-    call_arrays.cos_sin_cache = take(5, "cos_sin_cache", tensors.cos_sin_cache, false);
-    return rope_python::prepare_call(config, call_arrays, options);
+    call_arrays.q = take(0, "q", tensors.q, in_place);
+    call_arrays.k = take(1, "k", tensors.k, in_place);
+    call_arrays.q_out = take(2, "out[0]", tensors.q_out, true);
+    call_arrays.k_out = take(3, "out[1]", tensors.k_out, true);
+    // The names rope.apply gives them: the same message whichever way the call came.
+    call_arrays.ids = take(4, "positions", ids, false);
+    call_arrays.cu_seqlens = take(5, "cu_seqlens", cu_seqlens, false);
+    call_arrays.starts = take(6, "starts", starts, false);
+    call_arrays.cos_sin_cache = take(7, "cos_sin_cache", tensors.cos_sin_cache, false);
+    const rope_python::CallOptions options{scalars.backend, scalars.layout,       scalars.offset,  scalars.cp_size,
+                                           scalars.cp_rank, scalars.max_position, scalars.inverse, 0};
+    rope_python::Call call = rope_python::prepare_call(config, call_arrays, options);
+    run(config, call);
+}
+
+const rope::RopeConfig& config_for_key(std::string_view key) {
+    // This thread's last key and its entry: a model passes one key (or a few) on every call, and
+    // comparing it (a memcmp of some 200 bytes; PyTorch hands each call a fresh copy of the string,
+    // so its address says nothing) is cheaper than the lock, the map, and parsing it again.
+    thread_local std::string last_key;
+    thread_local const rope::RopeConfig* last = nullptr;
+    if (last != nullptr && key == last_key) return *last;
+
+    static std::mutex mutex;
+    // One entry per distinct configuration (a model has one or a few); std::map's nodes never move
+    // and no entry is ever erased, so `last` stays valid.
+    static std::map<std::string, rope::RopeConfig, std::less<>> configs;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = configs.find(key);
+    if (found == configs.end())  // A bad key throws here: nothing stored.
+        found = configs.emplace(std::string(key), rope_python::config_from_key(key)).first;
+    last_key.assign(key);
+    last = &found->second;
+    return *last;
 }
 
 }  // namespace rope_torch
 
 TORCH_LIBRARY(rope, m) {
-    m.set_python_module("rope.ops");  // Where the fake implementation lives (torch.compile needs it).
-    m.def("apply_(Tensor(a0!) q, Tensor(a1!)? k, str config, SymInt offset, Tensor? ids, Tensor? cu_seqlens, "
-          "Tensor? starts, SymInt cp_size, SymInt cp_rank, Tensor? cos_sin_cache, str layout, bool inverse, "
-          "str backend, SymInt max_position) -> ()",
+    m.set_python_module("rope.ops");  // Where the fake implementations live (torch.compile needs them).
+    const char* arguments = "str config, SymInt offset, Tensor? ids, Tensor? cu_seqlens, Tensor? starts, "
+                            "SymInt cp_size, SymInt cp_rank, Tensor? cos_sin_cache, str layout, bool inverse, "
+                            "str backend, SymInt max_position)";
+    m.def((std::string("apply_(Tensor(a0!) q, Tensor(a1!)? k, ") + arguments + " -> ()").c_str(),
+          {at::Tag::pt2_compliant_tag});
+    m.def((std::string("apply(Tensor q, Tensor? k, ") + arguments + " -> (Tensor, Tensor)").c_str(),
           {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(rope, CPU, m) {
     m.impl("apply_", &rope_torch::apply_in_place<&rope_torch::run_host>);
+    m.impl("apply", &rope_torch::apply_functional<&rope_torch::run_host>);
 }
 
 #if !ROPE_TORCH_OPS_CUDA
@@ -174,6 +194,7 @@ TORCH_LIBRARY_IMPL(rope, CPU, m) {
 // whose message says why it cannot run them, rather than PyTorch's "no kernel".
 TORCH_LIBRARY_IMPL(rope, CUDA, m) {
     m.impl("apply_", &rope_torch::apply_in_place<&rope_torch::run_host>);
+    m.impl("apply", &rope_torch::apply_functional<&rope_torch::run_host>);
 }
 #endif
 

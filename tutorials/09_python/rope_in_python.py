@@ -85,6 +85,9 @@ def torch_sections(checks, torch):
     from transformers.models.llama import modeling_llama
 
     print_section("3. PyTorch tensors: rope.apply and the operator")
+    for name in ("apply_", "apply"):   # defined in C++ (TORCH_LIBRARY), or by custom_op where it was not built
+        print(f"torch.ops.rope.{name}: {getattr(torch.ops.rope, name).default._schema}")
+    print(f"C++ operator library: {ops.CPP_OPERATOR or 'not built: the same schemas registered in Python'}")
     q = torch.rand(1, 32, 24, 128) * 2 - 1
     k = torch.rand(1, 8, 24, 128) * 2 - 1
     llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -93,9 +96,19 @@ def torch_sections(checks, torch):
     positions = torch.arange(24) * 40          # 0, 40, ..., 920: below ~1000, where float32 angles are good to ~1e-5
     q_rot, k_rot = ops.rope(q, k, config, positions=positions)   # torch.ops.rope.apply: new tensors
     print(f"ops.rope -> q {tuple(q_rot.shape)} {q_rot.dtype}, a new tensor (q itself is left as it was)")
-    q2 = q.clone()
-    rope.apply(q2, None, config, positions=positions)   # in place, through DLPack
-    checks.expect(torch.equal(q2, q_rot), "rope.apply on a tensor and the operator give the same bits")
+    q2, k2 = q.clone(), k.clone()
+    ops.rope_(q2, k2, config, positions=positions.int())   # torch.ops.rope.apply_: in place; int32 ids are fine
+    checks.expect(torch.equal(q2, q_rot) and torch.equal(k2, k_rot),
+                  "the in-place operator (int32 positions) and the functional one give the same bits")
+    q3 = q.clone()
+    rope.apply(q3, None, config, positions=positions)   # in place, through DLPack
+    checks.expect(torch.equal(q3, q_rot), "rope.apply on a tensor and the operator give the same bits")
+    try:
+        ops.rope_(q.clone(), None, config, positions=positions * 1.5)
+        checks.expect(False, "float positions are refused")
+    except rope.Error as error:
+        print(f"float positions: {error}")
+        checks.expect(True, "float positions are refused with rope.Error naming them, never rounded")
 
     print_section("4. Checking against HuggingFace")
     hf_config = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,

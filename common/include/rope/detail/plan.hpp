@@ -139,12 +139,6 @@ struct Plan {
     PositionSource positions;  ///< Position of each token on each axis.
     AngleRule angles;        ///< cos and sin of each pair at a position.
     void* stream = nullptr;  ///< CUDA stream, if any.
-    /// Set only by a caller that knows, as surely as the driver would say, that every pointer of
-    /// the call is memory of the current CUDA device: the PyTorch operator, whose tensors each
-    /// carry their device (all one device, checked, made current by its device guard). The CUDA
-    /// backends then skip asking the driver where each pointer lives (cuda/pointer_check.hpp).
-    /// make_plan leaves it false: rope::apply always asks.
-    bool pointers_verified = false;
 
     /// @brief Whether there is nothing to do.
     /// @return true when batch or seq is zero, or neither q nor k has a head.
