@@ -37,10 +37,11 @@ std::vector<int64_t> cu_seqlens_from_lengths(const std::vector<int64_t>& lengths
 /// @brief One run of a multimodal prompt: text tokens, or one image or video.
 struct PromptSegment {
     int64_t text_tokens = 0;  ///< Text tokens of this run (0 for a picture).
-    /// A picture's grid in patches, as HF's `image_grid_thw` / `video_grid_thw`
-    /// give it: temporal patches (1 for an image), then height and width before
-    /// the spatial merge. All 0 for text.
-    int64_t grid_t = 0, grid_h = 0, grid_w = 0;
+    /// A picture's temporal patches (1 for an image), as HF's `image_grid_thw` /
+    /// `video_grid_thw` give it; 0 for text.
+    int64_t grid_t = 0;
+    int64_t grid_h = 0;  ///< A picture's patch rows, before the spatial merge; 0 for text.
+    int64_t grid_w = 0;  ///< A picture's patch columns, before the spatial merge; 0 for text.
 
     /// @brief A run of text tokens.
     /// @param tokens how many, >= 1.
