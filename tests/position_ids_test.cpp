@@ -47,6 +47,20 @@ TEST_CASE("mrope_position_ids: get_rope_index's docstring example, a video of 3 
     CHECK(m.rope_delta == 7 - 17);  // Largest id 6, plus 1, minus the 17 tokens.
 }
 
+TEST_CASE("mrope_position_ids: Qwen2.5-VL's video timestamps, the docstring's temporal step of 50") {
+    // tokens_per_second 25 x 2 seconds per temporal patch: temporal ids [0 x4, 50 x4, 100 x4]; the
+    // text continues at 0 + max(4, 4) / 2 = 2 all the same (transformers 5: Qwen2_5_VLModel.get_rope_index).
+    const rope::MropePositionIds m =
+        rope::mrope_position_ids({PromptSegment::picture(3, 4, 4, 50), PromptSegment::text(5)});
+    REQUIRE(m.tokens == 17);
+    CHECK(row(m.ids, 0, 17) == Ids{0, 0, 0, 0, 50, 50, 50, 50, 100, 100, 100, 100, 2, 3, 4, 5, 6});
+    CHECK(row(m.ids, 1, 17) == Ids{0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 2, 3, 4, 5, 6});
+    CHECK(row(m.ids, 2, 17) == Ids{0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 4, 5, 6});
+    CHECK(m.rope_delta == 101 - 17);
+    CHECK_THROWS_WITH_AS(rope::mrope_position_ids({PromptSegment::picture(3, 4, 4, 0)}),
+                         doctest::Contains("segments[0].temporal_interval = 0"), rope::Error);
+}
+
 TEST_CASE("mrope_position_ids: text, an image, text, a video, text (chapter 10's prompt)") {
     // text 4 | image 1 x 6 x 8 patches = 3 x 4 tokens from 4 | text 2 from 4 + 4 = 8 |
     // video 2 x 4 x 6 = 2 frames of 2 x 3 from 10 | text 3 from 10 + 3 = 13.
@@ -79,7 +93,7 @@ TEST_CASE("mrope_position_ids: bad segments and merge sizes are refused by name"
                          doctest::Contains("segments[1].grid_h = 5"), rope::Error);
     CHECK_THROWS_WITH_AS(rope::mrope_position_ids({PromptSegment::picture(0, 4, 4)}),
                          doctest::Contains("segments[0].grid_t = 0"), rope::Error);
-    CHECK_THROWS_WITH_AS(rope::mrope_position_ids({PromptSegment{2, 1, 2, 2}}),
+    CHECK_THROWS_WITH_AS(rope::mrope_position_ids({PromptSegment{2, 1, 2, 2, 1}}),
                          doctest::Contains("segments[0].text_tokens = 2"), rope::Error);
     CHECK_THROWS_WITH_AS(rope::mrope_position_ids({PromptSegment::text(1)}, 0),
                          doctest::Contains("spatial_merge_size = 0"), rope::Error);

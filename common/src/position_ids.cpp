@@ -67,6 +67,8 @@ MropePositionIds mrope_position_ids(const std::vector<PromptSegment>& segments, 
             if (segment.text_tokens != 0)
                 fail(name + ".text_tokens", segment.text_tokens, "must be 0 for a picture (one segment each)");
             if (segment.grid_t < 1) fail(name + ".grid_t", segment.grid_t, "must be >= 1");
+            if (segment.temporal_interval < 1 || segment.temporal_interval > kInt64Max / 4 / segment.grid_t)
+                fail(name + ".temporal_interval", segment.temporal_interval, "must be >= 1 (and the ids fit int64)");
             check_side(name + ".grid_h", segment.grid_h, spatial_merge_size);
             check_side(name + ".grid_w", segment.grid_w, spatial_merge_size);
             count = checked_product(checked_product(segment.grid_t, segment.grid_h / spatial_merge_size, "tokens"),
@@ -84,7 +86,7 @@ MropePositionIds mrope_position_ids(const std::vector<PromptSegment>& segments, 
         const int64_t height = segment.grid_h / spatial_merge_size, width = segment.grid_w / spatial_merge_size;
         for (int64_t f = 0; f < segment.grid_t; ++f)
             for (int64_t r = 0; r < height; ++r)
-                for (int64_t c = 0; c < width; ++c) rows.add(start + f, start + r, start + c);
+                for (int64_t c = 0; c < width; ++c) rows.add(start + f * segment.temporal_interval, start + r, start + c);
         next += std::max(height, width);
     }
     MropePositionIds result;

@@ -42,17 +42,23 @@ struct PromptSegment {
     int64_t grid_t = 0;
     int64_t grid_h = 0;  ///< A picture's patch rows, before the spatial merge; 0 for text.
     int64_t grid_w = 0;  ///< A picture's patch columns, before the spatial merge; 0 for text.
+    /// Temporal ids per temporal patch of a video: 1 in Qwen2-VL; Qwen2.5-VL's
+    /// `tokens_per_second * second_per_grid_t` (HF's `time_interval`). >= 1.
+    int64_t temporal_interval = 1;
 
     /// @brief A run of text tokens.
     /// @param tokens how many, >= 1.
     /// @return the segment.
-    static PromptSegment text(int64_t tokens) { return {tokens, 0, 0, 0}; }
+    static PromptSegment text(int64_t tokens) { return {tokens, 0, 0, 0, 1}; }
     /// @brief An image (grid_t 1) or a video, by its patch grid before the merge.
     /// @param grid_t temporal patches (1 for an image).
     /// @param grid_h patch rows.
     /// @param grid_w patch columns.
+    /// @param temporal_interval temporal ids per temporal patch (1: Qwen2-VL).
     /// @return the segment.
-    static PromptSegment picture(int64_t grid_t, int64_t grid_h, int64_t grid_w) { return {0, grid_t, grid_h, grid_w}; }
+    static PromptSegment picture(int64_t grid_t, int64_t grid_h, int64_t grid_w, int64_t temporal_interval = 1) {
+        return {0, grid_t, grid_h, grid_w, temporal_interval};
+    }
 };
 
 /// @brief M-RoPE position ids of one prompt, and where decoding continues.
@@ -73,12 +79,12 @@ struct MropePositionIds {
 /// p+n-1 on all three rows, and p grows by n. A picture of grid (T, H, W)
 /// becomes T x (H/m) x (W/m) tokens (m = spatial_merge_size: one token per
 /// m x m patches), frame by frame, each frame row by row; its token at frame f,
-/// row r, column c gets (p + f, p + r, p + c), and p grows by max(H, W) / m
+/// row r, column c gets (p + f * temporal_interval, p + r, p + c), and p grows by max(H, W) / m
 /// (transformers 5: `current_pos += max(grid_thw[1], grid_thw[2]) //
 /// spatial_merge_size`; transformers 4 continued at the largest id + 1, which is
-/// the same unless a video has more temporal patches than merged rows and columns).
-/// Qwen2.5-VL's and Qwen3-VL's timestamps (a temporal step other than 1) are
-/// not built here.
+/// the same unless a video's temporal ids pass its merged rows and columns).
+/// With a temporal_interval other than 1 (Qwen2.5-VL's videos) this is
+/// Qwen2_5_VLModel.get_rope_index.
 /// @param segments the prompt, in order; each text run >= 1 token, each picture
 ///        with grid_t >= 1 and grid_h, grid_w positive multiples of spatial_merge_size.
 /// @param spatial_merge_size the vision config's `spatial_merge_size`, >= 1 (2 in Qwen2-VL).
