@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "rope/frequency_table.hpp"
+#include "rope/position_ids.hpp"
 #include "rope/rotation.hpp"
 
 namespace rope_bench {
@@ -28,14 +29,6 @@ std::string join(const std::vector<Part>& parts, const char* separator) {
     return text;
 }
 
-// M-RoPE's default sections, scaled from 64 pairs (head_dim 128) to `pairs`:
-// Qwen2-VL's [16, 24, 24] (contiguous) or Qwen3-VL's [24, 20, 20] (interleaved).
-std::vector<int64_t> default_mrope_sections(rope::AxisAssignment assignment, int64_t pairs) {
-    const double spatial = assignment == rope::AxisAssignment::mrope_contiguous ? 24.0 : 20.0;
-    const int64_t height = int64_t(std::lround(spatial * double(pairs) / 64.0));
-    return {pairs - 2 * height, height, height};
-}
-
 // The smallest side s with s^axes >= count: a grid of `axes` dimensions that holds count patches.
 int64_t grid_side(int64_t count, int64_t axes) {
     int64_t side = 1;
@@ -43,41 +36,44 @@ int64_t grid_side(int64_t count, int64_t axes) {
     return side;
 }
 
-// M-RoPE ids as for an image in a prompt (HF qwen2_vl get_rope_index): a text
-// prefix of seq/8 tokens at positions o, o+1, ... on all three axes, then the
-// patches of a near-square grid in row-major order: temporal o+P, height o+P+row,
-// width o+P+column. Distinct rows: a kernel that reads only row 0 is caught.
+// The first `seq` tokens of each of the `axes` rows of `ids` ([axes, tokens]), plus `offset`.
+std::vector<int64_t> first_tokens(const std::vector<int64_t>& ids, int64_t axes, int64_t seq, int64_t offset) {
+    const int64_t tokens = int64_t(ids.size()) / axes;
+    std::vector<int64_t> kept;
+    kept.reserve(size_t(axes * seq));
+    for (int64_t a = 0; a < axes; ++a)
+        for (int64_t t = 0; t < seq; ++t) kept.push_back(offset + ids[size_t(a * tokens + t)]);
+    return kept;
+}
+
+// M-RoPE ids as for an image in a prompt (rope::mrope_position_ids, HF qwen2_vl
+// get_rope_index): a text prefix of seq/8 tokens, then the patches of a
+// near-square grid (no merge), the last row cut short; everything plus the offset.
+// Distinct rows: a kernel that reads only row 0 is caught.
 std::string fill_mrope_ids(Form& form) {
-    const int64_t seq = form.seq, o = form.offset;
+    const int64_t seq = form.seq;
     const int64_t text = std::clamp<int64_t>(seq / 8, std::min<int64_t>(seq, 1), seq);
     const int64_t patches = seq - text;
     const int64_t width = std::max<int64_t>(grid_side(patches, 2), 1);
     const int64_t height = (patches + width - 1) / width;
+    std::vector<rope::PromptSegment> prompt{rope::PromptSegment::text(text)};
+    if (patches > 0) prompt.push_back(rope::PromptSegment::picture(1, height, width));
+    const rope::MropePositionIds m = rope::mrope_position_ids(prompt, 1);
     form.axes = 3;
-    form.ids.assign(size_t(3 * seq), 0);
-    for (int64_t t = 0; t < seq; ++t) {
-        const int64_t patch = t - text;
-        const bool is_text = patch < 0;
-        form.ids[size_t(t)] = is_text ? o + t : o + text;
-        form.ids[size_t(seq + t)] = is_text ? o + t : o + text + patch / width;
-        form.ids[size_t(2 * seq + t)] = is_text ? o + t : o + text + patch % width;
-    }
+    form.ids = first_tokens(m.ids, 3, seq, form.offset);
     return "text " + std::to_string(text) + " + image " + std::to_string(height) + "x" + std::to_string(width) +
            " grid (" + std::to_string(patches) + " patches)";
 }
 
 // Axial ids: the coordinates of the tokens as patches of a grid with one
-// dimension per axis (the last axis fastest), each coordinate plus the offset.
+// dimension per axis (rope::axial_position_ids: the last axis fastest), each
+// coordinate plus the offset.
 std::string fill_axial_ids(Form& form) {
     const int64_t axes = int64_t(form.config.multi_axis.sections.size());
-    const int64_t side = grid_side(form.seq, axes);
+    const std::vector<int64_t> grid(size_t(axes), grid_side(form.seq, axes));
     form.axes = axes;
-    form.ids.assign(size_t(axes * form.seq), 0);
-    for (int64_t t = 0; t < form.seq; ++t)
-        for (int64_t a = axes - 1, rest = t; a >= 0; --a, rest /= side)
-            form.ids[size_t(a * form.seq + t)] = form.offset + rest % side;
-    const std::string grid = join(std::vector<int64_t>(size_t(axes), side), "x");
-    return "grid " + grid + " (" + std::to_string(form.seq) + " patches)";
+    form.ids = first_tokens(rope::axial_position_ids(grid), axes, form.seq, form.offset);
+    return "grid " + join(grid, "x") + " (" + std::to_string(form.seq) + " patches)";
 }
 
 // The largest position + 1 the form's calls use: the rows a cos/sin table needs.
@@ -160,8 +156,7 @@ Form make_form(const Options& options, const Shape& shape, int64_t kv_heads) {
         if (sum != tokens)
             throw UsageError("--packed: the lengths total " + std::to_string(sum) + " tokens but --shape " +
                              shape.text() + " holds " + std::to_string(tokens) + " (batch x seq)");
-        form.cu_seqlens.push_back(0);
-        for (int64_t length : lengths) form.cu_seqlens.push_back(form.cu_seqlens.back() + length);
+        form.cu_seqlens = rope::cu_seqlens_from_lengths(lengths);
         if (form.layout == rope::Layout::thd) {
             form.batch = 1;
             form.seq = tokens;
@@ -183,7 +178,7 @@ Form make_form(const Options& options, const Shape& shape, int64_t kv_heads) {
         const bool contiguous = options.multi_axis == rope::AxisAssignment::mrope_contiguous;
         std::vector<int64_t>& sections = form.config.multi_axis.sections;
         sections = options.sections.empty()
-                       ? default_mrope_sections(options.multi_axis, form.config.effective_rotary_dim() / 2)
+                       ? rope::default_mrope_sections(options.multi_axis, form.config.effective_rotary_dim() / 2)
                        : options.sections;
         const std::string grid = axial ? fill_axial_ids(form) : fill_mrope_ids(form);
         parts.push_back(axial ? "axial" : "mrope");

@@ -235,8 +235,7 @@ Call make_packed_call(const rope::RopeConfig& config, rope::DType dtype, const s
                       int64_t q_heads, int64_t k_heads, int64_t pad) {
     Call call;
     call.config = config;
-    call.cu_seqlens = {0};
-    for (int64_t length : lengths) call.cu_seqlens.push_back(call.cu_seqlens.back() + length);
+    call.cu_seqlens = rope::cu_seqlens_from_lengths(lengths);
     const int64_t tokens = call.cu_seqlens.back();
     call.q = make_packed(dtype, {tokens, q_heads, config.head_dim}, pad);
     call.k = make_packed(dtype, {tokens, k_heads, config.head_dim}, pad);

@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
     std::printf("mean bound over distances 1-15: %.3f, over 1024-8191: %.3f\n", near, far);
     checks.expect(far < 0.5 * near, "the bound decays: far distances average under half the near ones (" +
                                         tutorial::fixed(far, 3) + " vs " + tutorial::fixed(near, 3) + ")");
-    csv.announce();
+    csv.finish(checks);
 
     return checks.finish("q.k depends on m - n only (deviation " + tutorial::sci(worst, 1) + "); a perfect match keeps " +
                          tutorial::fixed(100 * relative_score(1024), 0) + "% at distance 1024");

@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
                 "compare its times, not its bandwidth. The library rows include rope::apply's validation.\n",
                 rope_bench::kDefaultGpuReps, long(prefill.sets), long(decode.sets), prefill_bytes / 1e6,
                 prefill_ceiling.name.c_str(), decode_ceiling.name.c_str());
-    csv.announce();
+    csv.finish(checks);
 
     const Result& last = results[ladder::kVersions - 1];
     return checks.finish("prefill: v1 " + tutorial::fixed(100 * copy.prefill_us / results[0].prefill_us, 0) + "%, v6 " +

@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
                                                       where + ")"));
     else
         std::printf("  (only one backend here: no agreement between backends to check)\n");
-    csv.announce();
+    csv.finish(checks);
 
     // At 4M, from section 5's cpu-naive runs (the specification, in every build).
     auto at_4m = [&](bool precise_mode) {

@@ -17,8 +17,8 @@
 # run's CSV if it has CUDA rows, else the recorded tutorials/figures/data/precision_h200.csv
 # (`tutorial-07-precision --csv FILE` on the H200), else this run's CPU rows.
 # ROPE_PRECISION_CSV=FILE names another such CSV, which then wins.
-# Chapter 8's three figures (the packed batch's grid, M-RoPE ids, which pair belongs to
-# which axis) come from its CSV and need no GPU.
+# The figures of chapters 8, 10 and 11 (the packed batch's grid, M-RoPE ids, which pair
+# belongs to which axis) come from their CSVs and need no GPU.
 #
 # usage: [ROPE_PRECISION_CSV=FILE] tutorials/plots/make_figures.sh [BUILD_DIR]
 #        (default BUILD_DIR: build/default, preset "default")
@@ -40,7 +40,8 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
         cmake -S "$root" -B "$build" -G Ninja >/dev/null
     fi
 fi
-programs=(tutorial-00-rotation tutorial-04-optimized-cuda tutorial-07-precision tutorial-08-packed-images-video)
+programs=(tutorial-00-rotation tutorial-04-optimized-cuda tutorial-07-precision tutorial-08-packed-sequences
+          tutorial-10-mrope tutorial-11-axial-rope)
 cmake --build "$build" -j"$(nproc)" --target "${programs[@]}"
 
 out="$build/tutorial-figures"

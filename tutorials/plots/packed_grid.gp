@@ -1,8 +1,8 @@
 # Chapter 8's packed batch: what a grid sized by batch x longest sequence launches, against
-# the tokens it has to rotate. Run in the folder holding tutorial-08-packed-images-video.csv
+# the tokens it has to rotate. Run in the folder holding tutorial-08-packed-sequences.csv
 # (see make_figures.sh); its first block (`index 0`) is the batch: sequence,length,longest.
 # Writes rope_packed_grid.png.
-data = "tutorial-08-packed-images-video.csv"
+data = "tutorial-08-packed-sequences.csv"
 if (system("test -r " . data . " && echo yes") ne "yes") { print "packed_grid.gp: no " . data . ", skipped"; exit }
 set datafile separator comma
 stats data index 0 using 2 name "tokens" nooutput

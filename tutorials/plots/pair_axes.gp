@@ -1,8 +1,8 @@
-# Chapter 8: which position axis turns each rotated pair, with which theta index, and which
+# Chapter 11: which position axis turns each rotated pair, with which theta index, and which
 # two features form the pair under each pairing style. Four layouts, one panel each:
 # M-RoPE contiguous (Qwen2-VL), M-RoPE interleaved (Qwen3-VL), axial 2-D (Qwen2-VL's vision
 # tower) and axial 3-D (diffusion axes dims 16, 56, 56). Run in the folder holding
-# tutorial-08-packed-images-video.csv (see make_figures.sh); blocks `index 2` to `index 5`
+# tutorial-11-axial-rope.csv (see make_figures.sh); blocks `index 0` to `index 3`
 # are pair,axis,theta_index,half_split_first,half_split_second,interleaved_first,
 # interleaved_second,axis_name. Writes rope_pair_axes.png.
 #
@@ -11,7 +11,7 @@
 # base^(-2i/d) for M-RoPE; the j of base^(-j/sections[a]) for axial, restarting on each
 # axis). Middle: every feature coloured by its pair's axis under half-split pairing
 # (pair i = features i and i + d/2). Bottom: the same under interleaved pairing (2i, 2i+1).
-data = "tutorial-08-packed-images-video.csv"
+data = "tutorial-11-axial-rope.csv"
 if (system("test -r " . data . " && echo yes") ne "yes") { print "pair_axes.gp: no " . data . ", skipped"; exit }
 set datafile separator comma
 set terminal pngcairo size 1400,1240 font "sans,11"
@@ -47,7 +47,7 @@ do for [panel = 0:3] {
     set title word(titles, panel + 1) font "sans,11" offset 0,0.6
     set xlabel (panel == 3 ? "feature index (in the top strip, pair i is drawn over features 2i and 2i+1)" : "")
     if (panel > 0) { unset label 1; unset label 2; unset label 3; unset label 4; unset object 1; unset object 2; unset object 3 }
-    block = panel + 2
+    block = panel
     plot data index block using (2*$1 + 1):(2.5):(2*$1):(2*$1 + 2):(2.0):(3.0):(colour(strcol(8))) with boxxyerror lc rgb variable, \
          data index block using (2*$1 + 1):(2.5):(sprintf("%d", $3)) with labels rotate by 90 font "sans,8" tc rgb "white", \
          data index block using ($4 + 0.5):(1.5):($4):($4 + 1):(1.0):(2.0):(colour(strcol(8))) with boxxyerror lc rgb variable, \

@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -151,24 +151,87 @@ struct Shape {
     }
 };
 
-/// What the float64 formula needs to know about a call. Positions are
-/// offset + s unless explicit ids (one shared row of seq ids) are given.
+/// What the float64 formula needs to know about a call. A token's position is
+/// offset + s, or its id in `ids`, or, packed, its place in its sequence plus
+/// that sequence's start; pair i turns by position * theta_i, or reads its cos
+/// and sin from a caller's table.
 struct Formula {
     rope::Style style = rope::Style::half_split;
     int64_t rotary_dim = 0;          ///< 0: all of head_dim.
     double base = 10000.0;
     double linear_factor = 1.0;      ///< Position interpolation (ScalingType::linear).
     int64_t offset = 0;
-    const std::vector<int64_t>* ids = nullptr;
-    rope::Layout layout = rope::Layout::bhsd;
+    const std::vector<int64_t>* ids = nullptr;  ///< [id_axes, seq]: explicit ids shared by the batch.
+    rope::Layout layout = rope::Layout::bhsd;   ///< thd (packed) is stored as bshd with batch 1.
     bool inverse = false;
+    int64_t id_axes = 1;             ///< Rows of `ids`: one per position axis.
+    /// Which axis turns each pair (the config's multi_axis; see pair_rule).
+    rope::AxisAssignment assignment = rope::AxisAssignment::single;
+    std::vector<int64_t> sections{};
+    /// Packed sequences: token s of sequence b (cu_seqlens[b] <= s < cu_seqlens[b+1]) is at
+    /// s - cu_seqlens[b] + starts[b] (no starts: + offset).
+    const std::vector<int64_t>* cu_seqlens = nullptr;
+    const std::vector<int64_t>* starts = nullptr;
+    /// A caller's cos/sin table [rows, rotary_dim]: row p holds cos of every pair's angle at
+    /// position p, then their sines. The angle is not computed: it is read from the row.
+    const std::vector<float>* table = nullptr;
+
+    /// The formula of @p config: its pairing, rotary_dim, base and axes (scaling not included).
+    static Formula of(const rope::RopeConfig& config) {
+        Formula f;
+        f.style = config.style;
+        f.rotary_dim = config.effective_rotary_dim();
+        f.base = config.base;
+        f.assignment = config.multi_axis.assignment;
+        f.sections = config.multi_axis.sections;
+        return f;
+    }
 };
 
-/// RoPE of the contiguous tensor @p x in float64: theta_i = base^(-2i/d) / factor,
-/// angle = position * theta_i, both in double. It shares no code with the backends.
+/// Which position axis turns pair i, and its frequency, by the rules the chapters state:
+/// single and M-RoPE use the global pair index, theta_i = base^(-2i/d); M-RoPE contiguous
+/// takes the first sections[0] pairs for axis 0, the next sections[1] for axis 1, ...;
+/// interleaved gives axis 1 the pairs i % 3 == 1 below 3*sections[1], axis 2 the pairs
+/// i % 3 == 2 below 3*sections[2], axis 0 the rest; axial runs like contiguous but the
+/// index restarts on each axis: the j-th pair of axis a has theta = base^(-j/sections[a]).
+struct PairRule {
+    int64_t axis = 0;
+    int64_t theta_index = 0;  ///< i, or the restarting j of axial RoPE.
+    double theta = 0;
+};
+
+inline PairRule pair_rule(const Formula& f, int64_t i, int64_t rotary_dim) {
+    using rope::AxisAssignment;
+    PairRule rule{0, i, std::pow(f.base, -2.0 * double(i) / double(rotary_dim)) / f.linear_factor};
+    if (f.assignment == AxisAssignment::mrope_interleaved) {
+        if (i % 3 == 1 && i < 3 * f.sections[1]) rule.axis = 1;
+        if (i % 3 == 2 && i < 3 * f.sections[2]) rule.axis = 2;
+    } else if (f.assignment != AxisAssignment::single) {
+        int64_t j = i;
+        while (j >= f.sections[size_t(rule.axis)]) j -= f.sections[size_t(rule.axis++)];
+        if (f.assignment == AxisAssignment::axial) {
+            rule.theta_index = j;
+            rule.theta = std::pow(f.base, -double(j) / double(f.sections[size_t(rule.axis)])) / f.linear_factor;
+        }
+    }
+    return rule;
+}
+
+/// RoPE of the contiguous tensor @p x in float64: angle = position * theta, both in double
+/// (or the table's cos and sin). It shares no code with the backends.
 inline std::vector<double> rope_float64(const std::vector<float>& x, const Shape& shape, const Formula& f) {
     const int64_t rotary_dim = f.rotary_dim == 0 ? shape.head_dim : f.rotary_dim;
     const int64_t half = rotary_dim / 2;
+    // Position of token s on `axis`.
+    auto position = [&](int64_t s, int64_t axis) -> double {
+        if (f.ids) return double((*f.ids)[size_t(axis * shape.seq + s)]);
+        if (f.cu_seqlens) {
+            size_t b = 0;
+            while ((*f.cu_seqlens)[b + 1] <= s) ++b;
+            return double(s - (*f.cu_seqlens)[b] + (f.starts ? (*f.starts)[b] : f.offset));
+        }
+        return double(f.offset + s);
+    };
     std::vector<double> out(x.begin(), x.end());  // Features past rotary_dim stay as they are.
     for (int64_t b = 0; b < shape.batch; ++b)
         for (int64_t h = 0; h < shape.heads; ++h)
@@ -176,16 +239,23 @@ inline std::vector<double> rope_float64(const std::vector<float>& x, const Shape
                 const int64_t token_row = f.layout == rope::Layout::bhsd
                                               ? (b * shape.heads + h) * shape.seq + s
                                               : (b * shape.seq + s) * shape.heads + h;
-                const double position = double(f.ids ? (*f.ids)[size_t(s)] : f.offset + s);
                 double* row = out.data() + token_row * shape.head_dim;
+                std::array<double, 4> positions{};  // One per axis (rope::kMaxPositionAxes).
+                for (int64_t a = 0; a < f.id_axes; ++a) positions[size_t(a)] = position(s, a);
                 for (int64_t i = 0; i < half; ++i) {
-                    const double theta = std::pow(f.base, -2.0 * double(i) / double(rotary_dim)) / f.linear_factor;
-                    const double angle = (f.inverse ? -1.0 : 1.0) * position * theta;
+                    const PairRule rule = pair_rule(f, i, rotary_dim);
+                    const double p = positions[size_t(rule.axis)];
+                    double c = std::cos(p * rule.theta), sn = std::sin(p * rule.theta);
+                    if (f.table) {
+                        c = (*f.table)[size_t(int64_t(p) * rotary_dim + i)];
+                        sn = (*f.table)[size_t(int64_t(p) * rotary_dim + half + i)];
+                    }
+                    if (f.inverse) sn = -sn;
                     const int64_t first = f.style == rope::Style::half_split ? i : 2 * i;
                     const int64_t second = f.style == rope::Style::half_split ? i + half : 2 * i + 1;
                     const double px = row[first], py = row[second];
-                    row[first] = px * std::cos(angle) - py * std::sin(angle);
-                    row[second] = py * std::cos(angle) + px * std::sin(angle);
+                    row[first] = px * c - py * sn;
+                    row[second] = py * c + px * sn;
                 }
             }
     return out;
@@ -242,10 +312,17 @@ double median_seconds(int repeats, Work&& work) {
 // ---------------------------------------------------------------------------
 
 /// Where this chapter writes its CSV: `--csv FILE` on the command line, else
-/// $ROPE_TUTORIAL_CSV_DIR/<program>.csv, else nowhere (empty string).
+/// $ROPE_TUTORIAL_CSV_DIR/<program>.csv (the folder must exist), else nowhere
+/// (empty string). `--csv` without a file name is a usage error: exit code 2.
 inline std::string csv_path(int argc, char** argv, std::string_view program) {
-    for (int i = 1; i + 1 < argc; ++i)
-        if (std::string_view(argv[i]) == "--csv") return argv[i + 1];
+    for (int i = 1; i < argc; ++i) {
+        if (std::string_view(argv[i]) != "--csv") continue;
+        if (i + 1 == argc || *argv[i + 1] == '\0') {
+            std::fprintf(stderr, "usage: %s [--csv FILE]: --csv needs a file name\n", argv[0]);
+            std::exit(2);
+        }
+        return argv[i + 1];
+    }
     if (const char* dir = std::getenv("ROPE_TUTORIAL_CSV_DIR"); dir && *dir)
         return std::string(dir) + "/" + std::string(program) + ".csv";
     return "";
@@ -253,18 +330,23 @@ inline std::string csv_path(int argc, char** argv, std::string_view program) {
 
 /// Writes tables as CSV blocks that gnuplot reads with `index N`: each block is
 /// a "# name" line, a "# column,column" header line, the rows, and two blank lines.
+/// Creates no folder. Whether every write reached the file is known only once
+/// it is flushed and closed: finish() does that and makes it one of the checks,
+/// so a CSV that could not be written (a missing folder, a full disk) FAILS the
+/// chapter, with the path named.
 class Csv {
 public:
     explicit Csv(const std::string& path) : path_(path) {
         if (path.empty()) return;
-        const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-        std::error_code ignored;
-        if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
+        errno = 0;
         file_.open(path);
-        if (!file_) std::fprintf(stderr, "warning: cannot write the CSV to %s\n", path.c_str());
+        if (!file_) {
+            error_ = errno;
+            std::fprintf(stderr, "error: cannot open the CSV %s: %s\n", path.c_str(), reason().c_str());
+        }
         file_.precision(9);
     }
-    bool enabled() const { return file_.is_open(); }
+    bool enabled() const { return !path_.empty(); }
     void table(std::string_view name, std::string_view header) {
         if (!enabled()) return;
         if (tables_++ > 0) file_ << "\n\n";
@@ -277,15 +359,27 @@ public:
         ((file_ << (first ? "" : ",") << values, first = false), ...);
         file_ << "\n";
     }
-    /// Tells the reader where the CSV went (nothing when disabled).
-    void announce() const {
-        if (enabled()) std::printf("(CSV for the figures written to %s)\n", path_.c_str());
+    /// Flushes and closes the file and records, as one of @p checks, whether
+    /// every write reached it (nothing when no CSV was asked for).
+    void finish(Checks& checks) {
+        if (!enabled()) return;
+        if (file_.is_open()) {
+            errno = 0;
+            file_.flush();
+            file_.close();
+            if (!file_) error_ = errno;
+        }
+        checks.expect(bool(file_), bool(file_) ? "CSV for the figures written to " + path_
+                                               : "CSV for the figures NOT written to " + path_ + ": " + reason());
     }
 
 private:
+    std::string reason() const { return error_ ? std::strerror(error_) : "a write failed"; }
+
     std::string path_;
     std::ofstream file_;
     int tables_ = 0;
+    int error_ = 0;  ///< errno of the failed open or write, if it told one.
 };
 
 }  // namespace tutorial

@@ -56,3 +56,34 @@ def run(main):
     """Runs ``main()`` (which returns the exit code) and exits with it."""
     sys.stdout.reconfigure(line_buffering=True)
     sys.exit(main())
+
+
+# ---------------------------------------------------------------------------
+# RoPE in float64 and the distance to it: the formula, written independently of
+# the library (tutorial.hpp's rope_float64 is its C++ twin).
+# ---------------------------------------------------------------------------
+
+def rope_float64(x, positions, base, style="neox"):
+    """RoPE of x [..., seq, dim] in float64 at positions [seq]: theta_i = base^(-2i/dim),
+    angle = position * theta_i; pairs (i, i + dim/2) ("neox", half-split) or (2i, 2i+1)."""
+    import numpy as np
+
+    d = x.shape[-1]
+    theta = base ** (-np.arange(0, d, 2) / d)               # theta_i = base^(-2i/d)
+    angle = np.outer(positions, theta)                       # [seq, d/2]: position * theta_i
+    cos, sin = np.cos(angle), np.sin(angle)
+    i = np.arange(d // 2)
+    first, second = (i, i + d // 2) if style == "neox" else (2 * i, 2 * i + 1)
+    out = np.asarray(x).astype(np.float64).copy()
+    a, b = out[..., first].copy(), out[..., second].copy()
+    out[..., first] = a * cos - b * sin
+    out[..., second] = b * cos + a * sin
+    return out
+
+
+def relative_l2(got, want):
+    """||got - want|| / ||want||, in float64."""
+    import numpy as np
+
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
