@@ -1,36 +1,16 @@
-"""Chapter 9: rope from Python. NumPy arrays and PyTorch tensors go to the C++
+"""Chapter 13: rope from Python. NumPy arrays and PyTorch tensors go to the C++
 backends through DLPack, without a copy; the result is checked against the
 formula and against HuggingFace; the PyTorch operator's backward is the
 inverse rotation.
 
-Run through CTest (tutorial-09-python) or scripts/tour; by hand:
-    PYTHONPATH=build/default/python:tutorials/support python tutorials/09_python/rope_in_python.py
+Run through CTest (tutorial-13-python) or scripts/tour; by hand:
+    PYTHONPATH=build/default/python:tutorials/support python tutorials/13_python/rope_in_python.py
 """
 
 import numpy as np
 
 import rope
-from tutorial import Checks, print_section, print_title, run
-
-
-def rope_float64(x, positions, base, style="neox"):
-    """The formula in float64, for x [batch, heads, seq, dim] at positions [seq]: our reference here."""
-    d = x.shape[-1]
-    theta = base ** (-np.arange(0, d, 2) / d)              # theta_i = base^(-2i/d)
-    angle = np.outer(positions, theta)                      # [seq, d/2]: position * theta_i
-    cos, sin = np.cos(angle), np.sin(angle)
-    i = np.arange(d // 2)
-    first, second = (i, i + d // 2) if style == "neox" else (2 * i, 2 * i + 1)
-    out = x.astype(np.float64).copy()
-    a, b = out[..., first].copy(), out[..., second].copy()
-    out[..., first] = a * cos - b * sin
-    out[..., second] = b * cos + a * sin
-    return out
-
-
-def relative_l2(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+from tutorial import Checks, print_section, print_title, relative_l2, rope_float64, run
 
 
 def numpy_section(checks):
@@ -140,7 +120,7 @@ def torch_sections(checks, torch):
 
 
 def main():
-    print_title(9, "rope from Python: NumPy, PyTorch, DLPack, HuggingFace, autograd",
+    print_title(13, "rope from Python: NumPy, PyTorch, DLPack, HuggingFace, autograd",
                 "DLPack hands rope the caller's memory (pointer, dtype, device, strides) without a copy; "
                 "the PyTorch operator's backward is the inverse rotation")
     checks = Checks()
