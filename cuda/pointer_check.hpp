@@ -19,16 +19,10 @@
 /// memory of the current device (rope/tensor.hpp), and a kernel that quietly
 /// read its operands over the host bus would run many times slower.
 ///
-/// One caller is trusted instead of asked about: the PyTorch operator
-/// (torch.ops.rope.apply_, python/torch_ops/; rope.ops.rope_ calls its kernel directly in
-/// eager code). A PyTorch tensor carries its device
-/// (tensor.device()), as authoritative as the driver's answer for memory PyTorch
-/// allocated: the operator checks that every tensor of the call is a CUDA tensor
-/// of one device, makes that device current (its device guard) and sets
-/// Plan::pointers_verified, and the check below returns at once. A tensor whose
-/// device lies about its memory (torch.from_blob given a host pointer and a CUDA
-/// device) would fault here as it faults in PyTorch's own kernels. Every other
-/// caller (rope::apply: C++, rope.apply, rope.ops.rope_ through DLPack) is asked about.
+/// A caller that has already established, from its own record of where each
+/// operand lives, that every pointer is memory of the current device sets
+/// Plan::pointers_verified, and the check below returns at once. Every other
+/// call (rope::apply) is asked about.
 ///
 /// The check is a host-side query per pointer: it neither allocates nor
 /// synchronises. It runs when rope::apply is called (during capture, for a CUDA
