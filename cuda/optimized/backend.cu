@@ -29,7 +29,8 @@ namespace {
 /// latency-bound launches.
 constexpr int kSmallCapacity = 64;
 
-/// Threads per block in both regimes.
+/// Threads per block in both regimes: small blocks spread a small call over
+/// more SMs, and larger ones measured slower on the large calls.
 constexpr int kBlockThreads = 128;
 
 /// The bandwidth regime (the work fills the GPU): 8 rows per thread, whatever
@@ -39,7 +40,9 @@ constexpr int kBlockThreads = 128;
 constexpr LaunchShape kBandwidthShape{kBlockThreads, 8};
 constexpr int kBandwidthRowsInFlight = 4;
 
-/// The latency regime (small calls): 2 rows per thread, both in flight, pipelined.
+/// The latency regime (small calls): 2 rows per thread, both in flight,
+/// pipelined: with the prologue overlapping the previous kernel, a second row
+/// costs less than more threads.
 constexpr LaunchShape kLatencyShape{kBlockThreads, 2};
 constexpr int kLatencyRowsInFlight = 2;
 
