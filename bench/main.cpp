@@ -30,6 +30,7 @@
 #include "options.hpp"
 #include "report.hpp"
 #include "rope/buffer.hpp"
+#include "rope/cuda_check.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/rope.hpp"
 #if ROPE_BENCH_CUDA
@@ -109,7 +110,7 @@ public:
         ids_ = on_device(form.ids, device);
         table_ = on_device(form.cos_sin, device);
 #if ROPE_BENCH_CUDA
-        if (device != rope::Device::host) stream_ = std::make_unique<CudaStream>();
+        if (device != rope::Device::host) stream_ = std::make_unique<rope::CudaStream>();
 #endif
         const rope::Positions positions = form.positions(static_cast<const int64_t*>(cu_seqlens_.data()),
                                                          static_cast<const int64_t*>(ids_.data()), device);
@@ -183,7 +184,7 @@ private:
     rope::RopeArgs first_args_;            // Set 0's call, for refusal().
     std::vector<rope::Plan> plans_;        // One per set.
 #if ROPE_BENCH_CUDA
-    std::unique_ptr<CudaStream> stream_;   // GPU: the plans issue on it (graph capture needs a stream of its own).
+    std::unique_ptr<rope::CudaStream> stream_;   // GPU: the plans issue on it (graph capture needs a stream of its own).
 #endif
 };
 

@@ -1,7 +1,15 @@
-// rope-tune: times cuda-optimized's kernel under launch settings other than
-// the backend's defaults, beside the backend itself and a copy of the same
-// bytes, on the benchmark shapes. It is how the defaults in
-// cuda/optimized/backend.cu and unit_kernel.cuh were chosen; it is not a test.
+// rope-tune: times cuda-optimized's kernel body (rotate_units,
+// cuda/optimized/unit_kernel.cuh) under variants of its own, beside the
+// backend itself and a copy of the same bytes, on the benchmark shapes. It is
+// how the backend's choices (cuda/optimized/backend.cu) were made; it is not a
+// test. The variants are this file's, compiled over the shipped body:
+// - access: the backend's 16-byte accesses ("default") or streaming cache
+//   hints ("streaming": StreamingPath below);
+// - rows in flight and the software pipeline (the body's own parameters);
+// - a register cap ("minblocks": CappedUnitKernel below; 1 is the shipped kernel);
+// - threads per block and rows per thread (a LaunchShape);
+// - the order of the units over the rows: the backend's, q's memory order
+//   ("memory"), or forced over neighbouring "tokens" or "heads".
 //
 //   rope-tune [--focus]  prints CSV rows: TUNE,<case>,<variant>,...,us,pct_of_copy, and per case
 //                        a line "# best <case>: ..." (the backend's default and the fastest row)
@@ -25,10 +33,12 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_timing.hpp"
 #include "device_launch.cuh"
+#include "rope/cuda_check.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/rope.hpp"
 #include "row_access.cuh"
@@ -59,15 +69,84 @@ const Case kCases[] = {
     {"decode-1x32x1x128", 1, 32, 32, 1, 128, Layout::bhsd, true, true},
 };
 
-// The compiled variants of the kernel: how accesses are issued, rows loaded
-// before the first is used, whether the next batch is loaded while the current
-// one is computed, and a register cap (blocks of 256 threads per SM).
-template <typename Access, int RowsInFlight, bool Pipelined, int MinBlocksPerSM>
+// The backend's 16-byte path with streaming cache hints (ld.global.cs / st.global.cs: evict
+// first), each byte being touched once: does the L2 gain from not keeping the rows? Its four
+// accesses hide VectorPath's; everything else (which pairs a chunk holds, the rotation) is
+// VectorPath's own.
+template <typename Storage, Style kStyle>
+struct StreamingPath : VectorPath<Storage, kStyle> {
+    using Base = VectorPath<Storage, kStyle>;
+    using typename Base::Chunk;
+    using typename Base::Pass;
+
+    __device__ static Vector16<Storage> load16(const Storage* source) {
+        const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(source));
+        Vector16<Storage> vector;
+        memcpy(&vector, &raw, sizeof raw);
+        return vector;
+    }
+    __device__ static void store16(Storage* target, const Vector16<Storage>& vector) {
+        uint4 raw;
+        memcpy(&raw, &vector, sizeof raw);
+        __stcs(reinterpret_cast<uint4*>(target), raw);
+    }
+    __device__ static Chunk load(const RowRef<Storage>& row, int64_t chunk, int64_t rotary_dim) {
+        const int64_t first = chunk * Base::kWidth;
+        return {load16(row.in + first), load16(row.in + rotary_dim / 2 + first)};
+    }
+    __device__ static void store(const RowRef<Storage>& row, int64_t chunk, int64_t rotary_dim, const Chunk& data) {
+        const int64_t first = chunk * Base::kWidth;
+        store16(row.out + first, data.first);
+        store16(row.out + rotary_dim / 2 + first, data.second);
+    }
+    __device__ static Pass load_pass(const RowRef<Storage>& row, int64_t feature) { return load16(row.in + feature); }
+    __device__ static void store_pass(const RowRef<Storage>& row, int64_t feature, const Pass& data) {
+        store16(row.out + feature, data);
+    }
+};
+
+// The shipped body under a register cap: the compiler must fit MinBlocksPerSM blocks of
+// kMaxBlockThreads per SM. Fewer registers mean more resident threads, as long as nothing spills.
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity>
+__global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
+    CappedUnitKernel(const __grid_constant__ UnitArgs<Capacity> args) {
+    rotate_units<Storage, Path, RowsInFlight, Pipelined, true>(args);
+}
+
+// The angle arguments' capacity of every variant (the backend's for rotary_dim <= 128).
+constexpr int kCapacity = 64;
+
+// A compiled variant: how accesses are issued, rows loaded before the first is used, whether
+// the next batch is loaded while the current one is computed, and a register cap (blocks of
+// kMaxBlockThreads per SM; 1: none, the shipped kernel itself).
+template <bool Streaming, int RowsInFlight, bool Pipelined, int MinBlocksPerSM>
 struct Variant {
-    using AccessType = Access;
+    static constexpr bool kStreaming = Streaming;
     static constexpr int kRowsInFlight = RowsInFlight;
     static constexpr bool kPipelined = Pipelined;
     static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
+
+    template <typename Storage, Style kStyle>
+    using Path = std::conditional_t<Streaming, StreamingPath<Storage, kStyle>, VectorPath<Storage, kStyle>>;
+
+    // The kernel of this variant, for the default angle (the only one rope-tune's calls use).
+    template <typename Storage, Style kStyle>
+    static auto kernel() {
+        using P = Path<Storage, kStyle>;
+        if constexpr (MinBlocksPerSM == 1)
+            return rope_unit_kernel<Storage, P, RowsInFlight, Pipelined, true, kCapacity>;
+        else
+            return CappedUnitKernel<Storage, P, RowsInFlight, Pipelined, MinBlocksPerSM, kCapacity>;
+    }
+};
+
+// Which neighbours the units of a block are: q's memory order (the backend's), or forced.
+enum class RowOrder { memory, tokens, heads };
+
+// A launch setting the sweep times: the shape and the order of the units.
+struct Setting {
+    LaunchShape shape;
+    RowOrder order;
 };
 
 std::array<int64_t, 4> shape_of(const Case& c, int64_t heads) {
@@ -82,6 +161,17 @@ struct Measured {
 
 const char* order_name(RowOrder order) {
     return order == RowOrder::heads ? "heads" : order == RowOrder::tokens ? "tokens" : "memory";
+}
+
+// Launches variant V of the kernel for plan in setting, on plan.stream: the backend's
+// arguments and grid for that shape, the units' order forced where the setting says.
+template <typename Storage, Style kStyle, typename V>
+void launch_variant(const Plan& plan, const DeviceInfo& device, const Setting& setting) {
+    if (!default_angle_only(plan.angles)) rope::fail("rope-tune plan", "angles", "must be the default angle");
+    UnitLaunch<kCapacity> launch;
+    if (!plan_units<typename V::template Path<Storage, kStyle>>(plan, setting.shape, launch)) return;
+    if (setting.order != RowOrder::memory) launch.args.heads_adjacent = setting.order == RowOrder::heads;
+    launch_unit_grid(plan, device, launch, V::template kernel<Storage, kStyle>());
 }
 
 void run_case(const Case& c, DType dtype, Style style, bool focus) {
@@ -105,7 +195,7 @@ void run_case(const Case& c, DType dtype, Style style, bool focus) {
         for (uint16_t& bits : host) bits = uint16_t(0x3c00 | (rng() & 0x3ff)) ^ uint16_t(rng() & 0x8000);
         source.copy_from_host(host.data());
     }
-    rope_bench::CudaStream stream;
+    rope::CudaStream stream;
     RopeConfig config;
     config.head_dim = c.head_dim;
     config.style = style;
@@ -138,19 +228,13 @@ void run_case(const Case& c, DType dtype, Style style, bool focus) {
     dispatch_dtype(dtype, [&](auto storage) {
         using Storage = decltype(storage);
         auto variants = [&]<Style kStyle>() {
-            auto sweep = [&]<typename V>(const char* access_name) {
-                using Path = VectorPath<Storage, kStyle, typename V::AccessType>;
-                std::vector<LaunchSettings> sweep_settings;
+            auto sweep = [&]<typename V>() {
+                std::vector<Setting> settings;
                 for (int threads : {64, 128, 256})
                     for (int64_t rows : {1, 2, 4, 8, 16, 32})
                         for (RowOrder order : {RowOrder::tokens, RowOrder::heads, RowOrder::memory}) {
-                            LaunchSettings settings;
-                            settings.block_threads = settings.small_block_threads = threads;
-                            settings.rows_per_slice = settings.small_rows_per_slice = rows;
-                            settings.row_order = order;
                             // Small shapes: few rows per thread. Large: every count, down to one row per
-                            // thread (no sincosf shared, the fewest registers: a kernel of that shape ran
-                            // 4-5% faster than the backend on the medium bf16 and Llama prefill shapes).
+                            // thread (no sincosf shared, the fewest registers).
                             bool wanted = c.small ? (threads != 256 && rows <= 4) : threads != 64;
                             // Focus: the memory order (the backend's), measured best against the two forced ones.
                             const bool focus_setting = threads == 128 && (rows == 8 || rows == 16);
@@ -160,33 +244,33 @@ void run_case(const Case& c, DType dtype, Style style, bool focus) {
                                 wanted = wanted && order != RowOrder::memory;
                             // Small shapes keep the memory order (the rows of one token are few).
                             if (c.small) wanted = wanted && order == RowOrder::tokens;
-                            if (wanted) sweep_settings.push_back(settings);
+                            if (wanted) settings.push_back({LaunchShape{threads, rows}, order});
                         }
-                for (const LaunchSettings& settings : sweep_settings) {
+                for (const Setting& setting : settings) {
                     const double us = time([&](int64_t call) {
-                        launch_units<Storage, Path, V::kRowsInFlight, V::kPipelined, V::kMinBlocksPerSM, 64>(
-                            plans[size_t(call % sets.sets)], device, settings);
+                        launch_variant<Storage, kStyle, V>(plans[size_t(call % sets.sets)], device, setting);
                     });
                     char name[128];
                     std::snprintf(name, sizeof name, "%s-rif%d-%s-minblocks%d-threads%d-rows%" PRId64 "-%s",
-                                  access_name, V::kRowsInFlight, V::kPipelined ? "pipelined" : "batched",
-                                  V::kMinBlocksPerSM, settings.block_threads, settings.rows_per_slice,
-                                  order_name(settings.row_order));
+                                  V::kStreaming ? "streaming" : "default", V::kRowsInFlight,
+                                  V::kPipelined ? "pipelined" : "batched", V::kMinBlocksPerSM,
+                                  setting.shape.block_threads, setting.shape.rows_per_slice,
+                                  order_name(setting.order));
                     results.push_back({name, us});
                 }
             };
             if (!focus) {
-                sweep.template operator()<Variant<StreamingAccess, 2, true, 1>>("streaming");
-                sweep.template operator()<Variant<StreamingAccess, 2, true, 2>>("streaming");
-                sweep.template operator()<Variant<StreamingAccess, 4, false, 1>>("streaming");
-                sweep.template operator()<Variant<StreamingAccess, 2, false, 1>>("streaming");
-                sweep.template operator()<Variant<DefaultAccess, 2, true, 1>>("default");
-                sweep.template operator()<Variant<DefaultAccess, 1, false, 1>>("default");  // One row at a time.
+                sweep.template operator()<Variant<true, 2, true, 1>>();
+                sweep.template operator()<Variant<true, 2, true, 2>>();
+                sweep.template operator()<Variant<true, 4, false, 1>>();
+                sweep.template operator()<Variant<true, 2, false, 1>>();
+                sweep.template operator()<Variant<false, 2, true, 1>>();
+                sweep.template operator()<Variant<false, 1, false, 1>>();  // One row at a time.
             }
-            sweep.template operator()<Variant<DefaultAccess, 4, false, 1>>("default");
+            sweep.template operator()<Variant<false, 4, false, 1>>();
             if (focus) {  // A register cap: 3 or 4 blocks of 256 threads per SM.
-                sweep.template operator()<Variant<DefaultAccess, 4, false, 3>>("default");
-                sweep.template operator()<Variant<DefaultAccess, 4, false, 4>>("default");
+                sweep.template operator()<Variant<false, 4, false, 3>>();
+                sweep.template operator()<Variant<false, 4, false, 4>>();
             }
         };
         if (style == Style::half_split) variants.template operator()<Style::half_split>();

@@ -1,29 +1,20 @@
 #pragma once
 /// @file check.hpp
-/// @brief Turns CUDA runtime failures into rope::Error (internal to the CUDA backends).
+/// @brief Kernel launches whose refusal becomes a rope::Error (internal to the CUDA backends).
 ///
 /// Every CUDA runtime call returns a status, and so does every kernel launch
 /// made through cudaLaunchKernelEx (a bad configuration, a missing kernel
 /// image). An unchecked status is a silent wrong answer later on, so every
-/// call goes through check_cuda and every launch through launch_kernel.
+/// call goes through rope::check_cuda (rope/cuda_check.hpp) and every launch
+/// through launch_kernel.
 
 #include <cuda_runtime.h>
 
 #include <utility>
 
-#include "rope/error.hpp"
+#include "rope/cuda_check.hpp"
 
 namespace rope::cuda_detail {
-
-/// @brief Throws rope::Error if @p status is not cudaSuccess.
-/// @param status what the runtime returned
-/// @param call the call as the user would recognise it, e.g. "cudaMalloc"
-///
-/// The message has rope's usual form, `call = cudaErrorName: CUDA's own text`,
-/// e.g. `rope::Error: cudaMalloc = cudaErrorMemoryAllocation: out of memory`.
-inline void check_cuda(cudaError_t status, const char* call) {
-    if (status != cudaSuccess) fail(call, cudaGetErrorName(status), cudaGetErrorString(status));
-}
 
 /// @brief A launch configuration: grid, block, stream, dynamic shared memory, no attributes.
 inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, cudaStream_t stream, size_t shared_bytes = 0) {

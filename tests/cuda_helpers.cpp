@@ -17,26 +17,14 @@ namespace testing::cuda {
 
 namespace {
 
-void check(cudaError_t status, const char* call) {
-    if (status != cudaSuccess) rope::fail(call, cudaGetErrorName(status), cudaGetErrorString(status));
-}
+using rope::check_cuda;
 
-cudaStream_t stream_of(const Stream& stream) { return static_cast<cudaStream_t>(stream.handle()); }
+cudaStream_t stream_of(const rope::CudaStream& stream) { return static_cast<cudaStream_t>(stream.get()); }
 
 }  // namespace
 
-Stream::Stream() {
-    cudaStream_t stream = nullptr;
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    handle_ = stream;
-}
-
-Stream::~Stream() { cudaStreamDestroy(static_cast<cudaStream_t>(handle_)); }
-
-void Stream::synchronize() const { check(cudaStreamSynchronize(stream_of(*this)), "cudaStreamSynchronize"); }
-
-Graph::Graph(const Stream& stream, const std::function<void()>& enqueue) {
-    check(cudaStreamBeginCapture(stream_of(stream), cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+Graph::Graph(const rope::CudaStream& stream, const std::function<void()>& enqueue) {
+    check_cuda(cudaStreamBeginCapture(stream_of(stream), cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
     cudaGraph_t graph = nullptr;
     try {
         enqueue();
@@ -47,21 +35,21 @@ Graph::Graph(const Stream& stream, const std::function<void()>& enqueue) {
         cudaGetLastError();
         throw;
     }
-    check(cudaStreamEndCapture(stream_of(stream), &graph),
-          "cudaStreamEndCapture (a call made during capture could not be captured)");
+    check_cuda(cudaStreamEndCapture(stream_of(stream), &graph),
+               "cudaStreamEndCapture (a call made during capture could not be captured)");
     graph_ = graph;
     std::size_t count = 0;
-    check(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
+    check_cuda(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
     std::vector<cudaGraphNode_t> nodes(count);
-    if (count > 0) check(cudaGraphGetNodes(graph, nodes.data(), &count), "cudaGraphGetNodes");
+    if (count > 0) check_cuda(cudaGraphGetNodes(graph, nodes.data(), &count), "cudaGraphGetNodes");
     nodes_ = count;
     for (cudaGraphNode_t node : nodes) {
         cudaGraphNodeType type{};
-        check(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
+        check_cuda(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
         if (type == cudaGraphNodeTypeKernel) ++kernel_nodes_;
     }
     cudaGraphExec_t executable = nullptr;
-    check(cudaGraphInstantiate(&executable, graph, 0), "cudaGraphInstantiate");
+    check_cuda(cudaGraphInstantiate(&executable, graph, 0), "cudaGraphInstantiate");
     executable_ = executable;
 }
 
@@ -70,37 +58,37 @@ Graph::~Graph() {
     if (graph_ != nullptr) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
 }
 
-void Graph::launch(const Stream& stream) const {
-    check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(executable_), stream_of(stream)), "cudaGraphLaunch");
+void Graph::launch(const rope::CudaStream& stream) const {
+    check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(executable_), stream_of(stream)), "cudaGraphLaunch");
 }
 
-PinnedHostMemory::PinnedHostMemory(std::size_t bytes) { check(cudaMallocHost(&data_, bytes), "cudaMallocHost"); }
+PinnedHostMemory::PinnedHostMemory(std::size_t bytes) { check_cuda(cudaMallocHost(&data_, bytes), "cudaMallocHost"); }
 
 PinnedHostMemory::~PinnedHostMemory() { cudaFreeHost(data_); }
 
 DeviceScope::DeviceScope(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    check(cudaSetDevice(device), "cudaSetDevice");
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
 }
 
 DeviceScope::~DeviceScope() { cudaSetDevice(previous_); }
 
 int current_device() {
     int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
     return device;
 }
 
 int multiprocessors() {
     int count = 0;
-    check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, current_device()),
+    check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, current_device()),
           "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
     return count;
 }
 
 std::size_t free_device_memory() {
     std::size_t free = 0, total = 0;
-    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     return free;
 }
 
@@ -121,12 +109,9 @@ namespace {
 [[noreturn]] void no_cuda() { rope::fail("device", "cuda", "this build of rope has no CUDA support"); }
 }  // namespace
 
-Stream::Stream() { no_cuda(); }
-Stream::~Stream() = default;
-void Stream::synchronize() const { no_cuda(); }
-Graph::Graph(const Stream&, const std::function<void()>&) { no_cuda(); }
+Graph::Graph(const rope::CudaStream&, const std::function<void()>&) { no_cuda(); }
 Graph::~Graph() = default;
-void Graph::launch(const Stream&) const { no_cuda(); }
+void Graph::launch(const rope::CudaStream&) const { no_cuda(); }
 PinnedHostMemory::PinnedHostMemory(std::size_t) { no_cuda(); }
 PinnedHostMemory::~PinnedHostMemory() = default;
 DeviceScope::DeviceScope(int) { no_cuda(); }

@@ -1,7 +1,7 @@
 #pragma once
-// The few CUDA runtime calls tests make themselves, beyond rope::Buffer:
-// streams, graph capture, page-locked host memory, the current device and its
-// SM count, free device memory, and a deliberately failed allocation.
+// The few CUDA runtime calls tests make themselves, beyond rope::Buffer and
+// rope::CudaStream: graph capture, page-locked host memory, the current device
+// and its SM count, free device memory, and a deliberately failed allocation.
 //
 // The header is free of CUDA (handles are void*), so every test file stays
 // plain C++ compiled by the host compiler. cuda_helpers.cpp calls the runtime
@@ -11,21 +11,9 @@
 #include <functional>
 #include <string>
 
+#include "rope/cuda_check.hpp"
+
 namespace testing::cuda {
-
-// A stream that does not wait for the legacy default stream (cudaStreamNonBlocking).
-class Stream {
-public:
-    Stream();
-    ~Stream();
-    Stream(const Stream&) = delete;
-    Stream& operator=(const Stream&) = delete;
-    void* handle() const { return handle_; }  // The cudaStream_t, for RopeArgs::stream.
-    void synchronize() const;
-
-private:
-    void* handle_ = nullptr;
-};
 
 // A CUDA graph recorded from the work `enqueue` issues on `stream`, then
 // instantiated. Capture runs in cudaStreamCaptureModeGlobal, the strictest
@@ -33,13 +21,13 @@ private:
 // during `enqueue` fails the capture, and the constructor throws rope::Error.
 class Graph {
 public:
-    Graph(const Stream& stream, const std::function<void()>& enqueue);
+    Graph(const rope::CudaStream& stream, const std::function<void()>& enqueue);
     ~Graph();
     Graph(const Graph&) = delete;
     Graph& operator=(const Graph&) = delete;
     std::size_t nodes() const { return nodes_; }                // Every node of the graph.
     std::size_t kernel_nodes() const { return kernel_nodes_; }  // Those that launch a kernel.
-    void launch(const Stream& stream) const;                     // Replays the graph on `stream`.
+    void launch(const rope::CudaStream& stream) const;  // Replays the graph on `stream`.
 
 private:
     void* graph_ = nullptr;

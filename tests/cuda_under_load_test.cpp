@@ -79,11 +79,11 @@ TEST_CASE_TEMPLATE_DEFINE("CUDA under load: four threads on four non-blocking st
     }
     // Staged before any thread starts, so the lanes' applies overlap only each other.
     std::vector<std::unique_ptr<testing::DeviceCall>> staged;
-    std::vector<std::unique_ptr<testing::cuda::Stream>> streams;
+    std::vector<std::unique_ptr<rope::CudaStream>> streams;
     for (int lane = 0; lane < lanes; ++lane) {
         staged.push_back(std::make_unique<testing::DeviceCall>(calls[size_t(lane)]));
-        streams.push_back(std::make_unique<testing::cuda::Stream>());
-        staged.back()->args.stream = streams.back()->handle();
+        streams.push_back(std::make_unique<rope::CudaStream>());
+        staged.back()->args.stream = streams.back()->get();
     }
     std::atomic<int> ready{0};
     std::vector<std::string> errors(lanes);
@@ -124,8 +124,8 @@ TEST_CASE_TEMPLATE_DEFINE("CUDA under load: apply captured into a CUDA graph and
     call.id_rows = 2;  // Device-resident ids, one row per sequence: the graph must read them at replay.
     for (int64_t i = 0; i < 2 * 40; ++i) call.ids.push_back(id(testing::rng()));
     testing::DeviceCall device(call);
-    testing::cuda::Stream stream;
-    device.args.stream = stream.handle();
+    rope::CudaStream stream;
+    device.args.stream = stream.get();
     // One call outside capture first, as before capturing any CUDA library:
     // the first launch of a kernel may load its code.
     rope::apply(*backend, config, device.args);

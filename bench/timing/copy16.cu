@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda_timing.hpp"
+#include "rope/cuda_check.hpp"
 #include "rope/error.hpp"
 
 namespace rope_bench {
@@ -57,10 +58,10 @@ void cuda_copy16_async(void* destination, const void* source, std::size_t bytes,
     config.blockDim = dim3(kThreads);
     config.stream = static_cast<cudaStream_t>(stream);
     // cudaLaunchKernelEx returns this launch's own status (see cuda/check.hpp for why not <<<>>>).
-    const cudaError_t status =
-        cudaLaunchKernelEx(&config, copy16, reinterpret_cast<const int4*>(from), reinterpret_cast<int4*>(to), vectors,
-                           from + vectors * 16, to + vectors * 16, tail);
-    if (status != cudaSuccess) rope::fail("copy16 launch", cudaGetErrorName(status), cudaGetErrorString(status));
+    rope::check_cuda(cudaLaunchKernelEx(&config, copy16, reinterpret_cast<const int4*>(from),
+                                        reinterpret_cast<int4*>(to), vectors, from + vectors * 16, to + vectors * 16,
+                                        tail),
+                     "copy16 launch");
 }
 
 }  // namespace rope_bench

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "rope/error.hpp"
+#include "rope/cuda_check.hpp"
 
 namespace rope_bench {
 namespace {
@@ -21,9 +21,7 @@ constexpr double kRepetitionUs = 1000.0;
 constexpr int64_t kMaxCallsPerRepetition = 20000;
 
 // A failed CUDA call ends the measurement with CUDA's own error text.
-void check(cudaError_t status, const char* call) {
-    if (status != cudaSuccess) rope::fail(call, cudaGetErrorName(status), cudaGetErrorString(status));
-}
+using rope::check_cuda;
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
@@ -33,8 +31,8 @@ struct EventPair {
     cudaEvent_t start = nullptr;
     cudaEvent_t stop = nullptr;
     explicit EventPair(void* on) : stream(as_stream(on)) {
-        check(cudaEventCreate(&start), "cudaEventCreate");
-        check(cudaEventCreate(&stop), "cudaEventCreate");
+        check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+        check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
     }
     ~EventPair() {
         cudaEventDestroy(start);
@@ -46,12 +44,12 @@ struct EventPair {
     // Milliseconds that the work `issue` enqueues on the stream takes. Waiting
     // for the stop event also reports any fault of that work.
     float time_ms(const std::function<void()>& issue) {
-        check(cudaEventRecord(start, stream), "cudaEventRecord");
+        check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
         issue();
-        check(cudaEventRecord(stop, stream), "cudaEventRecord");
-        check(cudaEventSynchronize(stop), "cudaEventSynchronize (the timed work failed)");
+        check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+        check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize (the timed work failed)");
         float ms = 0.0f;
-        check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+        check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
         return ms;
     }
     // Milliseconds for calls [first, first + count) of launch, back to back.
@@ -78,15 +76,15 @@ struct Graph {
 // Captures calls [first, first + count) of launch, issued on stream, into graph.
 void capture(const Launch& launch, int64_t first, int64_t count, cudaStream_t stream, Graph& graph) {
     // Thread-local mode: only this thread's unsafe calls (e.g. cudaMalloc) would break the capture.
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     try {
         for (int64_t call = first; call < first + count; ++call) launch(call);
     } catch (...) {
         cudaStreamEndCapture(stream, &graph.graph);  // Take the stream out of capture before reporting the error.
         throw;
     }
-    check(cudaStreamEndCapture(stream, &graph.graph), "cudaStreamEndCapture");
-    check(cudaGraphInstantiate(&graph.exec, graph.graph, 0), "cudaGraphInstantiate");
+    check_cuda(cudaStreamEndCapture(stream, &graph.graph), "cudaStreamEndCapture");
+    check_cuda(cudaGraphInstantiate(&graph.exec, graph.graph, 0), "cudaGraphInstantiate");
 }
 
 // Median over reps of rep_ms() / calls, in microseconds per call.
@@ -98,20 +96,12 @@ double median_per_call_us(int reps, int64_t calls, const std::function<float()>&
 
 }  // namespace
 
-CudaStream::CudaStream() {
-    cudaStream_t stream = nullptr;
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    stream_ = stream;
-}
-
-CudaStream::~CudaStream() { cudaStreamDestroy(as_stream(stream_)); }
-
 double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets, void* stream) {
     const cudaStream_t s = as_stream(stream);
     // Warm-up: every set once (module loading, clocks, first touch; and lazy
     // loading stays out of a graph capture).
     for (int64_t call = 0; call < sets; ++call) launch(call);
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize (warm-up)");
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (warm-up)");
 
     // Calls per repetition: enough for kRepetitionUs, judged from 4 calls.
     EventPair events(stream);
@@ -132,16 +122,16 @@ double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets
     const int64_t per_graph = (calls + sets - 1) / sets * sets;
     Graph graph;
     capture(launch, next_call, per_graph, s, graph);
-    auto replay = [&] { check(cudaGraphLaunch(graph.exec, s), "cudaGraphLaunch"); };
+    auto replay = [&] { check_cuda(cudaGraphLaunch(graph.exec, s), "cudaGraphLaunch"); };
     replay();  // Untimed: uploads the graph, so the timed replays measure execution only.
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize (graph upload)");
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (graph upload)");
     return median_per_call_us(reps, per_graph, [&] { return events.time_ms(replay); });
 }
 
 Ceiling cuda_copy_ceiling(const Sets& sets, int reps) {
-    CudaStream stream;  // Of its own: graph capture needs one, whatever stream the caller uses.
+    rope::CudaStream stream;  // Of its own: graph capture needs one, whatever stream the caller uses.
     const Launch memcpy_call = [&](int64_t call) {
-        check(cudaMemcpyAsync(sets.at(sets.copy_destination, call), sets.at(sets.inputs, call), sets.set_bytes,
+        check_cuda(cudaMemcpyAsync(sets.at(sets.copy_destination, call), sets.at(sets.inputs, call), sets.set_bytes,
                               cudaMemcpyDeviceToDevice, as_stream(stream.get())),
               "cudaMemcpyAsync");
     };
@@ -167,9 +157,9 @@ Measurement cuda_measure(const Launch& launch, GpuClock clock, int reps, const S
 
 std::size_t cuda_l2_bytes() {
     int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
     int bytes = 0;
-    check(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
     return std::size_t(bytes);
 }
 
@@ -177,9 +167,9 @@ const char* cuda_device_name() {
     static std::string name;
     if (name.empty()) {
         int device = 0;
-        check(cudaGetDevice(&device), "cudaGetDevice");
+        check_cuda(cudaGetDevice(&device), "cudaGetDevice");
         cudaDeviceProp properties{};
-        check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+        check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
         name = properties.name;
     }
     return name.c_str();

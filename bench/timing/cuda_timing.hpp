@@ -4,7 +4,8 @@
 /// CUDA graph of the calls; and the copy ceiling, the fastest of four ways of copying the same bytes.
 ///
 /// Built only when rope has CUDA (ROPE_BENCH_CUDA). Streams are passed as `void*` (a cudaStream_t, null for
-/// the legacy default stream), as rope::RopeArgs carries them, so this header needs no CUDA header.
+/// the legacy default stream), as rope::RopeArgs carries them, so this header needs no CUDA header; an owned
+/// one is a rope::CudaStream (rope/cuda_check.hpp).
 ///
 /// Two facts shape the method (both measured on an H200):
 /// - A repetition of one call between two events includes the launch (about 3 us): the GPU is idle when
@@ -31,21 +32,6 @@ inline constexpr int kDefaultGpuReps = 50;
 /// @brief Issues call number `call` of the work being timed, on the stream the timing function was given
 /// (e.g. call c works on set c % sets).
 using Launch = std::function<void(int64_t call)>;
-
-/// @brief An owned non-blocking CUDA stream: graph capture needs a stream other than the legacy default
-/// one, and non-blocking keeps it independent of that one.
-class CudaStream {
-public:
-    CudaStream();
-    ~CudaStream();
-    CudaStream(const CudaStream&) = delete;
-    CudaStream& operator=(const CudaStream&) = delete;
-    /// @brief The cudaStream_t, as rope::RopeArgs::stream takes it.
-    void* get() const { return stream_; }
-
-private:
-    void* stream_ = nullptr;
-};
 
 /// @brief How calls are timed on the GPU.
 enum class GpuClock {

@@ -1,11 +1,13 @@
-// Buffer: owning host or CUDA memory. The only file of common/ that talks to
-// the CUDA runtime, and only when the build has CUDA.
+// Buffer and CudaStream: owning host or CUDA memory, an owned CUDA stream, and
+// the CUDA status check. The only file of common/ that talks to the CUDA
+// runtime, and only when the build has CUDA.
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "rope/buffer.hpp"
+#include "rope/cuda_check.hpp"
 #include "rope/device.hpp"
 #include "rope/error.hpp"
 
@@ -14,17 +16,44 @@
 #endif
 
 namespace rope {
+#if !ROPE_HAVE_CUDA
 namespace {
-
-#if ROPE_HAVE_CUDA
-// Turns a failed CUDA call into a rope::Error carrying CUDA's own text.
-void check_cuda(cudaError_t status, const char* call) {
-    if (status != cudaSuccess)
-        fail(call, cudaGetErrorName(status), cudaGetErrorString(status));
-}
+[[noreturn]] void no_cuda() { fail("device", "cuda", "this build of rope has no CUDA support"); }
+}  // namespace
 #endif
 
-}  // namespace
+void check_cuda(int status, const char* call) {
+    if (status == 0) return;
+#if ROPE_HAVE_CUDA
+    const auto error = static_cast<cudaError_t>(status);
+    fail(call, cudaGetErrorName(error), cudaGetErrorString(error));
+#else
+    fail(call, status, "a CUDA error, in a build of rope without CUDA");
+#endif
+}
+
+CudaStream::CudaStream() {
+#if ROPE_HAVE_CUDA
+    cudaStream_t stream = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    stream_ = stream;
+#else
+    no_cuda();
+#endif
+}
+
+CudaStream::~CudaStream() {
+#if ROPE_HAVE_CUDA
+    // A destructor cannot throw; a failure here surfaces at the next checked call.
+    if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+#endif
+}
+
+void CudaStream::synchronize() const {
+#if ROPE_HAVE_CUDA
+    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+#endif
+}
 
 Buffer::Buffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device) {
     if (bytes == 0) return;
@@ -36,7 +65,7 @@ Buffer::Buffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device
 #if ROPE_HAVE_CUDA
     check_cuda(cudaMalloc(&data_, bytes), "cudaMalloc");
 #else
-    fail("device", "cuda", "this build of rope has no CUDA support");
+    no_cuda();
 #endif
 }
 

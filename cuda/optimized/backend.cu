@@ -4,10 +4,12 @@
 // thread does before and around its first loads in prologue.cuh; what the
 // launch knows about the device in device_launch.cuh; how a thread touches its
 // chunk of a row (16-byte vectors, or the generic strided fallback) in
-// row_access.cuh and vector_layout.hpp. This file is the backend: it picks,
-// for a Plan, the access path, the batching of loads and the capacity of the
-// angle arguments, as measured best on the H200 with bench/tune.cu
-// (rope-tune), and launches.
+// row_access.cuh and vector_layout.hpp. This file is the backend: it decides
+// the regime of a call, once, and picks for it the access path, the batching
+// of loads, the launch shape and the capacity of the angle arguments, and
+// launches. The choices are the fastest of the lab's sweep: bench/tune.cu
+// (rope-tune) times this kernel under other choices; the results are in
+// bench/results/ (h200-tune.csv and its notes).
 #include <memory>
 
 #include "check.hpp"
@@ -27,36 +29,42 @@ namespace {
 /// latency-bound launches.
 constexpr int kSmallCapacity = 64;
 
-/// The launch, per regime, as measured best by rope-tune on the H200
-/// (2026-12-02 to 2026-12-04; bench/results/h200-tune.csv):
-/// - bandwidth regime: batches of 4 rows loaded before use, no software
-///   pipeline, default caching (streaming hints and the pipeline measured
-///   0.5-3 points slower), 128-thread blocks; 8 rows per thread, whatever the
-///   dtype (for the 2-byte types 16 rows share each sincosf twice as widely,
-///   but two sweeps measured 8 ahead by 0.7-1.9 points on bshd, out of place
-///   and on [4,32,2048,128], and level with 16 elsewhere);
-///   units laid over q's memory order (RowOrder::memory: neighbouring heads of
-///   a token for bshd and thd, measured 2-4 points faster there than
-///   neighbouring tokens; neighbouring tokens for bhsd); no register cap
-///   (a cap of 3 or 4 blocks of 256 threads per SM spills: 10-40 points slower);
-/// - latency regime: 2 rows in flight, pipelined, 2 rows per thread;
-/// - any view the 16-byte path cannot take: the generic path, 4 rows in flight.
-template <typename Storage, Style kStyle, int Capacity>
-void launch_vector(const Plan& plan, const DeviceInfo& device) {
-    const LaunchSettings settings;
-    using Path = VectorPath<Storage, kStyle, DefaultAccess>;
-    if (bandwidth_regime(plan, chunks_per_row<Path>(plan), device, settings.block_threads))
-        launch_units<Storage, Path, 4, false, 1, Capacity>(plan, device, settings);
-    else
-        launch_units<Storage, Path, 2, true, 1, Capacity>(plan, device, settings);
-}
+/// Threads per block in both regimes: small blocks spread a small call over
+/// more SMs, and larger ones measured slower on the large calls.
+constexpr int kBlockThreads = 128;
 
+/// The bandwidth regime (the work fills the GPU): 8 rows per thread, whatever
+/// the dtype, each thread's rows loaded in batches of 4 before use, no software
+/// pipeline. More rows per thread, fewer, a pipeline, a register cap and
+/// streaming cache hints all measured slower in the lab.
+constexpr LaunchShape kBandwidthShape{kBlockThreads, 8};
+constexpr int kBandwidthRowsInFlight = 4;
+
+/// The latency regime (small calls): 2 rows per thread, both in flight,
+/// pipelined: with the prologue overlapping the previous kernel, a second row
+/// costs less than more threads.
+constexpr LaunchShape kLatencyShape{kBlockThreads, 2};
+constexpr int kLatencyRowsInFlight = 2;
+
+/// Any view the 16-byte path cannot take: the generic path, 4 rows in flight, pipelined.
+constexpr int kGenericRowsInFlight = 4;
+
+/// Launches the path for @p plan in the regime the call falls in, decided here and only here
+/// (bandwidth_regime: would one thread per chunk of each row fill the GPU?).
 template <typename Storage, Style kStyle, int Capacity>
 void launch_styled(const Plan& plan, const DeviceInfo& device) {
-    if (vector_path_fits<Storage>(plan))
-        launch_vector<Storage, kStyle, Capacity>(plan, device);
-    else
-        launch_units<Storage, GenericPath<Storage, kStyle>, 4, true, 1, Capacity>(plan, device, LaunchSettings{});
+    if (vector_path_fits<Storage>(plan)) {
+        using Path = VectorPath<Storage, kStyle>;
+        if (bandwidth_regime(plan, chunks_per_row<Path>(plan), device, kBlockThreads))
+            launch_units<Storage, Path, kBandwidthRowsInFlight, false, Capacity>(plan, device, kBandwidthShape);
+        else
+            launch_units<Storage, Path, kLatencyRowsInFlight, true, Capacity>(plan, device, kLatencyShape);
+    } else {
+        using Path = GenericPath<Storage, kStyle>;
+        const bool bandwidth = bandwidth_regime(plan, chunks_per_row<Path>(plan), device, kBlockThreads);
+        launch_units<Storage, Path, kGenericRowsInFlight, true, Capacity>(plan, device,
+                                                                          bandwidth ? kBandwidthShape : kLatencyShape);
+    }
 }
 
 template <typename Storage, int Capacity>
@@ -86,9 +94,9 @@ public:
 
 private:
     // The current device's SM count and capabilities: attribute queries, which
-    // do not synchronise. Asked on every call (well under a microsecond of host
-    // time) rather than cached, so one backend object may serve several threads
-    // and devices at once without shared mutable state.
+    // do not synchronise. Asked on every call (cheap host-side reads) rather
+    // than cached, so one backend object may serve several threads and devices
+    // at once without shared mutable state.
     static DeviceInfo current_device_info() {
         int device = 0;
         check_cuda(cudaGetDevice(&device), "cudaGetDevice");

@@ -19,7 +19,7 @@ inline constexpr int64_t kThreadSlotsPerSM = 2048;
 
 /// @brief What a launch needs to know about the current device.
 struct DeviceInfo {
-    int multiprocessors = 0;           ///< SMs (132 on an H200).
+    int multiprocessors = 0;           ///< Streaming multiprocessors.
     bool programmatic_launch = false;  ///< Compute capability >= 9.0: programmatic dependent launch.
 };
 

@@ -4,7 +4,7 @@
 /// (internal to the CUDA backends).
 ///
 /// GPUs have no integer divide instruction: `n / d` on int64 compiles to a
-/// software routine of some eighty instructions, more than the rest of a
+/// software routine of dozens of instructions, more than the rest of a
 /// short RoPE thread's work. When d is known on the host, n / d for n < 2^31
 /// equals mulhi(n, m) >> shift for a precomputed m and shift (Granlund and
 /// Montgomery; the same scheme as CUTLASS's FastDivmod), a couple of

@@ -49,8 +49,9 @@ struct PreviousGrid {
 /// waiting for the previous kernel. Positions in memory (ids, packed
 /// sequences, a caller's table), written perhaps by that very kernel: wait,
 /// issue the position loads and then the rows' loads, and compute as soon as
-/// the positions arrive, while the rows are still on their way (measured 1 to
-/// 2 points faster than the rows first, with ids, tables and M-RoPE alike).
+/// the positions arrive, while the rows are still on their way (the lab
+/// measured this order faster than the rows first, with ids, tables and
+/// M-RoPE alike).
 /// @tparam Path VectorPath or GenericPath (row_access.cuh): which pairs a chunk holds.
 /// @tparam kDefaultAngleOnly see rotation_factors.
 /// @tparam KernelArgs a kernel's parameters: angles, positions, axes, positions_in_memory, rotary_dim.

@@ -41,42 +41,27 @@ struct alignas(16) Vector16 {
     Storage value[kWidth];                                  ///< The values, in feature order.
 };
 
-/// @brief 16-byte accesses through the cache-operator intrinsics (ld.global.ca / st.global.wb,
-/// the default caching): always single 128-bit instructions, which a plain dereference does
-/// not guarantee (the compiler may split a store whose alignment it cannot re-derive). Not
-/// the read-only path (__ldg): an in-place call writes what it reads.
-struct DefaultAccess {
-    /// @brief One 128-bit load. @param source 16-byte aligned. @return the 16 bytes.
-    __device__ static uint4 load(const void* source) { return __ldca(static_cast<const uint4*>(source)); }
-    /// @brief One 128-bit store. @param target 16-byte aligned. @param value the 16 bytes.
-    __device__ static void store(void* target, const uint4& value) { __stwb(static_cast<uint4*>(target), value); }
-};
-
-/// @brief 16-byte accesses marked streaming (ld.global.cs / st.global.cs: evict first): each
-/// byte is touched once, so the L2 need not keep it. Measured 0.5-1.5 points slower than
-/// DefaultAccess on the H200 at the large shapes; kept so that rope-tune shows the comparison.
-struct StreamingAccess {
-    /// @brief One 128-bit streaming load. @param source 16-byte aligned. @return the 16 bytes.
-    __device__ static uint4 load(const void* source) { return __ldcs(static_cast<const uint4*>(source)); }
-    /// @brief One 128-bit streaming store. @param target 16-byte aligned. @param value the 16 bytes.
-    __device__ static void store(void* target, const uint4& value) { __stcs(static_cast<uint4*>(target), value); }
-};
-
 /// @brief One 16-byte load (LDG.E.128 in SASS). @pre @p source is 16-byte aligned.
-template <typename Access, typename Storage>
+///
+/// Through the cache-operator intrinsic (ld.global.ca, the default caching): always one
+/// 128-bit instruction, which a plain dereference does not guarantee (the compiler may split
+/// an access whose alignment it cannot re-derive). Not the read-only path (__ldg): an in-place
+/// call writes what it reads. Not the streaming hints either (ld.global.cs / st.global.cs,
+/// each byte being touched once): the lab's sweep measured them slower (bench/tune.cu).
+template <typename Storage>
 __device__ inline Vector16<Storage> load16(const Storage* source) {
-    const uint4 raw = Access::load(source);
+    const uint4 raw = __ldca(reinterpret_cast<const uint4*>(source));
     Vector16<Storage> vector;
     memcpy(&vector, &raw, sizeof raw);  // A register-to-register reinterpretation: compiles to nothing.
     return vector;
 }
 
-/// @brief One 16-byte store (STG.E.128 in SASS). @pre @p target is 16-byte aligned.
-template <typename Access, typename Storage>
+/// @brief One 16-byte store (STG.E.128 in SASS, st.global.wb). @pre @p target is 16-byte aligned.
+template <typename Storage>
 __device__ inline void store16(Storage* target, const Vector16<Storage>& vector) {
     uint4 raw;
     memcpy(&raw, &vector, sizeof raw);
-    Access::store(target, raw);
+    __stwb(reinterpret_cast<uint4*>(target), raw);
 }
 
 /// @brief Copies @p N consecutive bytes (2, 4 or 8) starting at @p source, a multiple of @p N
@@ -92,8 +77,7 @@ __device__ inline void read_bytes(const uint8_t* source, uint8_t* target) {
 
 /// @brief The 16-byte path for contiguous, aligned rows, specialised on the pairing style
 /// (vector_layout.hpp says which pairs a chunk holds).
-/// @tparam Access how the 16-byte accesses are issued (DefaultAccess or StreamingAccess)
-template <typename Storage, Style kStyle, typename Access>
+template <typename Storage, Style kStyle>
 struct VectorPath {
     static constexpr int kWidth = Vector16<Storage>::kWidth;
     static constexpr int kPairs = kWidth;      ///< Pairs rotated per chunk.
@@ -125,7 +109,7 @@ struct VectorPath {
     /// Reads chunk @p chunk of a row.
     __device__ static Chunk load(const RowRef<Storage>& row, int64_t chunk, int64_t rotary_dim) {
         const int64_t first = chunk * kWidth;
-        return {load16<Access>(row.in + first), load16<Access>(row.in + rotary_dim / 2 + first)};
+        return {load16(row.in + first), load16(row.in + rotary_dim / 2 + first)};
     }
 
     /// Rotates every pair of the chunk, widening to float32 and rounding back.
@@ -150,17 +134,17 @@ struct VectorPath {
     /// Writes the chunk back where load() found it, in the output row.
     __device__ static void store(const RowRef<Storage>& row, int64_t chunk, int64_t rotary_dim, const Chunk& data) {
         const int64_t first = chunk * kWidth;
-        store16<Access>(row.out + first, data.first);
-        store16<Access>(row.out + rotary_dim / 2 + first, data.second);
+        store16(row.out + first, data.first);
+        store16(row.out + rotary_dim / 2 + first, data.second);
     }
 
     /// Raw copy of the pass-through features feature ... feature + kPassWidth - 1.
     __device__ static Pass load_pass(const RowRef<Storage>& row, int64_t feature) {
-        return load16<Access>(row.in + feature);
+        return load16(row.in + feature);
     }
     /// Writes what load_pass read.
     __device__ static void store_pass(const RowRef<Storage>& row, int64_t feature, const Pass& data) {
-        store16<Access>(row.out + feature, data);
+        store16(row.out + feature, data);
     }
 };
 

@@ -19,9 +19,9 @@
 ///     chapter 4's v4). Whatever the positions are (offset, ids, packed
 ///     sequences, several axes, a caller's table), they are read here, once
 ///     per thread, through the shared token_positions and rotation_factors.
-///  3. Bytes in flight. DRAM answers after about a microsecond; to keep the
-///     memory busy each SM needs tens of kilobytes requested at once. A thread
-///     loads a batch of rows before it uses the first (4 rows when the work
+///  3. Bytes in flight. DRAM answers after many hundreds of cycles; to keep
+///     the memory busy each SM needs tens of kilobytes requested at once. A
+///     thread loads a batch of rows before it uses the first (when the work
 ///     fills the GPU), or, with a software pipeline (small calls, where a
 ///     thread has few rows), issues the next batch's loads before it computes
 ///     the current one; and it issues its first loads before computing sincosf.
@@ -30,8 +30,9 @@
 ///     so the tail is short. Decode (one token, many heads): the heads are
 ///     split over many small blocks, so the few kilobytes are fetched by many
 ///     SMs at once and no thread idles. Either way the threads of a warp take
-///     rows that are neighbours in memory (RowOrder), so that each step of a
-///     warp reads one contiguous stretch rather than rows kilobytes apart.
+///     rows that are neighbours in memory (UnitArgs::heads_adjacent), so that
+///     each step of a warp reads one contiguous stretch rather than rows
+///     kilobytes apart.
 ///  5. A prologue that overlaps the previous kernel (programmatic dependent
 ///     launch, Hopper). With it, the grid starts before the previous kernel in
 ///     the stream has finished; everything that needs no memory (the indices,
@@ -41,6 +42,11 @@
 /// Indices are int64 throughout: q tensors beyond 2^31 elements are routine
 /// at long context, and 32-bit index overflow is a bug that shipped in
 /// several public RoPE kernels.
+///
+/// What each choice gained, and the variants that lost (streaming cache
+/// hints, a register cap, other batchings and shapes), is measured by the lab:
+/// bench/tune.cu (rope-tune) times this kernel body under its own variants;
+/// the results are in bench/results/ (h200-tune.csv and its notes).
 
 #include <cuda_runtime_api.h>
 
@@ -61,30 +67,13 @@ namespace rope::cuda_detail {
 /// Largest block the kernel is compiled for (its __launch_bounds__).
 inline constexpr int kMaxBlockThreads = 256;
 
-/// @brief Which neighbours the units of a block are (4. above): a unit is one token's
-/// slice of rows, and consecutive units go to neighbouring threads.
-enum class RowOrder {
-    memory,  ///< The one of the two below whose neighbours are adjacent in q's memory (the backend's).
-    tokens,  ///< Neighbouring tokens, same rows; a unit's rows consecutive (bhsd: the same head, next token).
-    heads,   ///< The same token, neighbouring rows: unit l of a token takes rows l, l + slices, ... (bshd, thd).
-};
-
-/// @brief The launch shape (4. above). The defaults are the backend's; the tuning
-/// sweep (bench/tune.cu) times others against them.
-struct LaunchSettings {
-    /// Threads per block when the work fills the GPU (at most kMaxBlockThreads).
-    int block_threads = 128;
-    /// Threads per block below one wave of work: small blocks spread a small problem over more SMs.
-    int small_block_threads = 128;
-    /// Rows a thread visits per token when the work fills the GPU: more rows share
-    /// each sincosf and each unit's index arithmetic, fewer make more, shorter
-    /// threads (rope-tune: 8 beat 4 and 16 for every dtype).
-    int64_t rows_per_slice = 8;
-    /// Rows per thread below one wave of work: with the prologue overlapping the
-    /// previous kernel (5. above), a second row costs less than more threads.
-    int64_t small_rows_per_slice = 2;
-    /// How units are laid over the rows (the sweep forces each to compare them).
-    RowOrder row_order = RowOrder::memory;
+/// @brief The launch shape of one regime (4. above), which the backend picks.
+struct LaunchShape {
+    /// Threads per block (at most kMaxBlockThreads).
+    int block_threads;
+    /// Rows a thread visits per token: more rows share each sincosf and each
+    /// unit's index arithmetic, fewer make more, shorter threads.
+    int64_t rows_per_slice;
 };
 
 /// @brief Everything the kernel needs, passed by value (kernel_args.cuh says why).
@@ -94,7 +83,7 @@ struct LaunchSettings {
 /// (token, slice). Threads with the same threadIdx.y share a unit, and
 /// threadIdx.x picks the chunk of the row: rotating chunks first, then
 /// pass-through chunks. Consecutive units go to neighbouring threads, so the
-/// numbering follows memory (RowOrder): with `heads_adjacent` false, units are
+/// numbering follows memory: with `heads_adjacent` false, units are
 /// numbered slice-major (consecutive tokens of one slice, whose rows are
 /// adjacent in [b, h, s, d] memory) and a slice is a run of consecutive rows;
 /// with it true, token-major, and slice l of a token is rows l, l + slices,
@@ -117,7 +106,7 @@ struct UnitArgs {
     int64_t rows_per_slice;
     int64_t slices;            ///< Units per token.
     int64_t units;             ///< tokens * slices.
-    bool heads_adjacent;       ///< RowOrder::heads: units numbered token-major, a slice's rows strided.
+    bool heads_adjacent;       ///< Units numbered token-major, a slice's rows strided (bshd, thd).
     FastDivisor by_seq;        ///< token -> (b, s).
     FastDivisor by_tokens;     ///< unit -> (slice, token), slice-major numbering.
     FastDivisor by_slices;     ///< unit -> (token, slice), token-major numbering.
@@ -243,18 +232,13 @@ __device__ inline void copy_rows(const UnitArgs<Capacity>& args, const TokenRows
     }
 }
 
-/// @brief The kernel: block (chunks, units); each thread one chunk of one unit's rows.
+/// @brief The kernel's body: each thread one chunk of one unit's rows (block: chunks x units).
 ///
-/// __launch_bounds__ promises the compiler that no block exceeds
-/// kMaxBlockThreads and, with MinBlocksPerSM > 1, asks it to fit that many
-/// such blocks per SM, capping registers. Fewer registers mean more resident
-/// threads, hence more bytes in flight, as long as nothing spills.
-/// __grid_constant__ lets device functions take references into the
-/// parameters without a per-thread copy to local memory.
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, bool DefaultAngleOnly,
-          int Capacity>
-__global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
-    rope_unit_kernel(const __grid_constant__ UnitArgs<Capacity> args) {
+/// A device function, so that the lab (bench/tune.cu) can compile the same
+/// body into its own kernels (another Path, a register cap) beside the one
+/// the backend ships, rope_unit_kernel.
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, bool DefaultAngleOnly, int Capacity>
+__device__ inline void rotate_units(const UnitArgs<Capacity>& args) {
     allow_next_kernel();    // Programmatic dependent launch (5. above).
     PreviousGrid previous;  // Waited for before the first global memory access.
     const int64_t step = int64_t(gridDim.x) * blockDim.y;
@@ -284,22 +268,42 @@ __global__ void __launch_bounds__(kMaxBlockThreads, MinBlocksPerSM)
     }
 }
 
+/// @brief The kernel the backend launches: rotate_units for one access path and batching.
+///
+/// __launch_bounds__ promises the compiler that no block exceeds
+/// kMaxBlockThreads and that one such block per SM will do, so it caps
+/// registers no further: fewer registers would mean more resident threads,
+/// but this kernel then spills (the lab's sweep: a cap was slower).
+/// __grid_constant__ lets device functions take references into the
+/// parameters without a per-thread copy to local memory.
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, bool DefaultAngleOnly, int Capacity>
+__global__ void __launch_bounds__(kMaxBlockThreads, 1)
+    rope_unit_kernel(const __grid_constant__ UnitArgs<Capacity> args) {
+    rotate_units<Storage, Path, RowsInFlight, Pipelined, DefaultAngleOnly>(args);
+}
+
 /// @brief True when q's rows of one token lie closer together in memory than one row's
-/// neighbouring tokens (bshd, thd): RowOrder::memory then lays units over heads.
+/// neighbouring tokens (bshd, thd): units are then laid over heads (UnitArgs::heads_adjacent).
 inline bool heads_adjacent_in_memory(const Plan& plan) {
     const Geometry& q = plan.q.in_geometry;
     return q.heads > 1 && q.seq > 1 && q.stride_head < q.stride_seq;
 }
 
-/// @brief Builds the kernel arguments and grid for @p plan and launches on plan.stream.
+/// @brief One launch of the unit kernel: its arguments and its grid.
+template <int Capacity>
+struct UnitLaunch {
+    UnitArgs<Capacity> args{};  ///< The kernel's parameters.
+    dim3 grid;                  ///< Blocks.
+    dim3 block;                 ///< (chunks of a row, units) threads per block.
+};
+
+/// @brief Builds the kernel arguments and grid for @p plan in the launch shape @p shape.
 /// @tparam Path VectorPath or GenericPath, for the plan's storage and style.
-/// @tparam RowsInFlight rows a thread loads before it uses the first (3. above).
-/// @tparam Pipelined whether the next batch's loads are issued before this batch is computed.
-/// @tparam MinBlocksPerSM blocks of kMaxBlockThreads the compiler must fit per SM (1: no register cap).
 /// @tparam Capacity pairs the angle arguments hold (>= plan.pairs).
-template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int MinBlocksPerSM, int Capacity>
-void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettings& settings) {
-    UnitArgs<Capacity> args{};
+/// @return false when the call has no row to rotate (nothing to launch).
+template <typename Path, int Capacity>
+bool plan_units(const Plan& plan, const LaunchShape& shape, UnitLaunch<Capacity>& launch) {
+    UnitArgs<Capacity>& args = launch.args;
     args.operands[0] = plan.q;
     args.operands[1] = plan.k;
     args.positions = plan.positions;
@@ -314,39 +318,53 @@ void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchSettin
     args.rows = plan.q.in_geometry.heads + plan.k.in_geometry.heads;
     args.rotary_chunks = plan.pairs / Path::kPairs;
     args.chunks = chunks_per_row<Path>(plan);
-    if (args.tokens == 0 || args.rows == 0) return;
+    if (args.tokens == 0 || args.rows == 0) return false;
 
     // Grid shape (4. above): block_x threads cover a row's chunks.
-    const int64_t block_x = std::min<int64_t>(args.chunks, settings.block_threads);
-    const bool bandwidth = bandwidth_regime(plan, args.chunks, device, settings.block_threads);
-    args.rows_per_slice = std::min(bandwidth ? settings.rows_per_slice : settings.small_rows_per_slice, args.rows);
+    const int64_t block_x = std::min<int64_t>(args.chunks, shape.block_threads);
+    args.rows_per_slice = std::min(shape.rows_per_slice, args.rows);
     args.slices = (args.rows + args.rows_per_slice - 1) / args.rows_per_slice;
     args.units = args.tokens * args.slices;
-    const int threads = bandwidth ? settings.block_threads : settings.small_block_threads;
-    const int64_t block_y = std::max<int64_t>(1, threads / block_x);
-    // RowOrder::memory: over heads wherever q's heads are adjacent in memory. (Measured on
-    // Llama-3-8B's GQA prefill, 40 rows a token: in 5 slices of 8 rows, over heads was 3 points
-    // faster than over tokens; in 3 slices of 16 it had been 6 points slower, so 16 rows per
-    // thread once came with a rule keeping such shapes over tokens.)
-    args.heads_adjacent = settings.row_order == RowOrder::heads ||
-                          (settings.row_order == RowOrder::memory && heads_adjacent_in_memory(plan));
+    const int64_t block_y = std::max<int64_t>(1, shape.block_threads / block_x);
+    // Over heads wherever q's heads are adjacent in memory, else over tokens: each step of a warp
+    // then reads neighbouring rows (the lab measured both orders, forced, against this one).
+    args.heads_adjacent = heads_adjacent_in_memory(plan);
     const int64_t blocks = (args.units + block_y - 1) / block_y;
     args.by_seq = FastDivisor(args.seq);
     args.by_tokens = FastDivisor(args.tokens);
     args.by_slices = FastDivisor(args.slices);
+    launch.grid = dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)));  // The unit loop covers the rest.
+    launch.block = dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
+    return true;
+}
 
-    // The launch may overlap the previous kernel's tail (5. above).
-    const ProgrammaticLaunch launch(
-        dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX))),  // The unit loop covers the rest.
-        dim3(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y)), stream_of(plan), device);
+/// @brief Launches @p kernel, a kernel around rotate_units, as @p launch says, on plan.stream;
+/// it may overlap the previous kernel's tail (5. above).
+template <int Capacity>
+void launch_unit_grid(const Plan& plan, const DeviceInfo& device, const UnitLaunch<Capacity>& launch,
+                      void (*kernel)(UnitArgs<Capacity>)) {
+    const ProgrammaticLaunch programmatic(launch.grid, launch.block, stream_of(plan), device);
+    launch_kernel("rope_unit_kernel", programmatic.config, kernel, launch.args);
+}
+
+/// @brief Builds the kernel arguments and grid for @p plan in the launch shape @p shape and
+/// launches rope_unit_kernel on plan.stream.
+/// @tparam Path VectorPath or GenericPath, for the plan's storage and style.
+/// @tparam RowsInFlight rows a thread loads before it uses the first (3. above).
+/// @tparam Pipelined whether the next batch's loads are issued before this batch is computed.
+/// @tparam Capacity pairs the angle arguments hold (>= plan.pairs).
+template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, int Capacity>
+void launch_units(const Plan& plan, const DeviceInfo& device, const LaunchShape& shape) {
+    UnitLaunch<Capacity> launch;
+    if (!plan_units<Path>(plan, shape, launch)) return;
     // The default angle (no caller's table, not precise), by far the most used, gets a
     // kernel of its own: without the other two's code it needs fewer registers (see 3.).
     if (default_angle_only(plan.angles))
-        launch_kernel("rope_unit_kernel", launch.config,
-                      rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, true, Capacity>, args);
+        launch_unit_grid(plan, device, launch,
+                         rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, true, Capacity>);
     else
-        launch_kernel("rope_unit_kernel", launch.config,
-                      rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, MinBlocksPerSM, false, Capacity>, args);
+        launch_unit_grid(plan, device, launch,
+                         rope_unit_kernel<Storage, Path, RowsInFlight, Pipelined, false, Capacity>);
 }
 
 }  // namespace rope::cuda_detail
