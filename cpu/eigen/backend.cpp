@@ -70,8 +70,7 @@ void fill_trig_row(const Plan& plan, const Chunk& chunk, int64_t t, float* cos, 
     // past about 2e4 radians a lane falls back to an exact (slower) reduction
     // of the angle.
     for (int64_t i = 0; i < plan.pairs; ++i)
-        sin_row[i] = pair_angle(rule.precise, positions.of_pair(rule, plan.axes, i), rule.inv_freq[size_t(i)],
-                                rule.inv_freq_low[size_t(i)]);
+        sin_row[i] = pair_angle(rule, positions.of_pair(rule, plan.axes, i), i);
     Eigen::Map<Eigen::ArrayXf> angles(sin_row, plan.pairs);
     Eigen::Map<Eigen::ArrayXf>(cos_row, plan.pairs) = rule.cos_scale * angles.cos();
     angles = rule.sin_scale * angles.sin();

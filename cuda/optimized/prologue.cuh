@@ -53,7 +53,7 @@ struct PreviousGrid {
 /// measured this order faster than the rows first, with ids, tables and
 /// M-RoPE alike).
 /// @tparam Path VectorPath or GenericPath (row_access.cuh): which pairs a chunk holds.
-/// @tparam kDefaultAngleOnly see rotation_factors.
+/// @tparam kDefaultAngleOnly see token_rotation_factors.
 /// @tparam KernelArgs a kernel's parameters: angles, positions, axes, positions_in_memory, rotary_dim.
 template <typename Path, bool kDefaultAngleOnly, typename KernelArgs, typename Load>
 __device__ inline void load_with_factors(const KernelArgs& args, int64_t b, int64_t s, int64_t chunk,
@@ -67,7 +67,7 @@ __device__ inline void load_with_factors(const KernelArgs& args, int64_t b, int6
         if (args.axes > 1) Path::load_pair_axes(args.angles.pair_axis, chunk, args.rotary_dim, axis);
 #pragma unroll
         for (int p = 0; p < Path::kPairs; ++p)
-            rotation_factors<kDefaultAngleOnly>(args.angles, positions, axis[p],
+            token_rotation_factors<kDefaultAngleOnly>(args.angles, positions, axis[p],
                                                 Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
     };
     if (!args.positions_in_memory) {

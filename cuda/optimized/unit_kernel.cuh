@@ -18,7 +18,7 @@
 ///     trigonometry costs a fraction of a per-element version (cuda-naive,
 ///     chapter 4's v4). Whatever the positions are (offset, ids, packed
 ///     sequences, several axes, a caller's table), they are read here, once
-///     per thread, through the shared token_positions and rotation_factors.
+///     per thread, through the shared token_positions and token_rotation_factors.
 ///  3. Bytes in flight. DRAM answers after many hundreds of cycles; to keep
 ///     the memory busy each SM needs tens of kilobytes requested at once. A
 ///     thread loads a batch of rows before it uses the first (when the work
@@ -172,7 +172,7 @@ __device__ inline bool in_place(const UnitArgs<Capacity>& args, int64_t row) {
 /// Pipelined, a software pipeline: the loads of the next batch are issued
 /// before the current batch is rotated and stored, so memory requests stay in
 /// flight while the thread computes (3. above). Safe in place too: a batch's
-/// stores touch only its own rows. DefaultAngleOnly: see rotation_factors.
+/// stores touch only its own rows. DefaultAngleOnly: see token_rotation_factors.
 template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, bool DefaultAngleOnly, int Capacity>
 __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token, int64_t b,
                                    int64_t s, const RowSpan& rows, int64_t chunk, PreviousGrid& previous) {

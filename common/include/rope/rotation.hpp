@@ -31,25 +31,21 @@ ROPE_HOST_DEVICE inline PairIndex pair_elements(Style style, int64_t rotary_dim,
     return {2 * i, 2 * i + 1};
 }
 
-/// @brief rope_angle with the position already converted to float32: the same
-/// product, for code that converts a token's position once and reuses it for
-/// every pair of the token (TokenPositions::axis_float).
-/// @param position float32(position id).
-/// @param inv_freq theta_i of the pair, in float32.
-/// @return position * inv_freq, in radians (not reduced to [-pi, pi]).
-ROPE_HOST_DEVICE inline float rope_angle_from_float(float position, float inv_freq) { return position * inv_freq; }
-
 /// @brief Rotation angle of pair i at @p position: position * theta_i, in float32.
 ///
 /// Both factors are converted to float32 and multiplied once, exactly as
 /// HuggingFace does (`inv_freq.float() @ position_ids.float()`), so every
 /// backend turns a pair by the very same float32 angle. The rounding of this
 /// product is the main error against an exact oracle and grows with position.
+/// Code that turns every pair of a token may convert the token's position to
+/// float32 once and pass that (TokenPositions::axis_float): the same product.
+/// @tparam Position an integer type (the position id), or float (the id already converted).
 /// @param position the token's position id.
 /// @param inv_freq theta_i of the pair, in float32.
 /// @return float32(position) * inv_freq, in radians (not reduced to [-pi, pi]).
-ROPE_HOST_DEVICE inline float rope_angle(int64_t position, float inv_freq) {
-    return rope_angle_from_float(static_cast<float>(position), inv_freq);
+template <typename Position>
+ROPE_HOST_DEVICE inline float rope_angle(Position position, float inv_freq) {
+    return static_cast<float>(position) * inv_freq;
 }
 
 /// @brief The precise mode's angle of pair i at @p position (RopeConfig::precise_angles).
@@ -73,16 +69,6 @@ ROPE_HOST_DEVICE inline float rope_angle_precise(int64_t position, float inv_fre
     // One fused multiply-add, written out: a compiler may fuse `angle - turns * two_pi`
     // on one processor and not on another, and every backend must get the same bits.
     return static_cast<float>(fma(-turns, two_pi, angle));
-}
-
-/// @brief The angle every backend uses: rope_angle by default, rope_angle_precise when @p precise.
-/// @param precise RopeConfig::precise_angles.
-/// @param position the token's position id.
-/// @param inv_freq theta_i rounded to float32.
-/// @param inv_freq_low theta_i - inv_freq in float32 (read only when precise).
-/// @return the rotation angle of the pair, in radians.
-ROPE_HOST_DEVICE inline float pair_angle(bool precise, int64_t position, float inv_freq, float inv_freq_low) {
-    return precise ? rope_angle_precise(position, inv_freq, inv_freq_low) : rope_angle(position, inv_freq);
 }
 
 /// @brief Rotates (x, y) by the angle whose scaled cosine and sine are given.

@@ -4,8 +4,10 @@
 /// on the CPU and on the GPU alike.
 ///
 /// - token_positions: a token's position on each axis;
+/// - pair_angle: the angle of one pair at one position, in the call's mode;
 /// - rotation_factors: cos and sin of one pair at one position (computed from
 ///   theta_i, or read from a caller's table), scaled and signed;
+///   token_rotation_factors: the same for a token's positions on the pair's axis;
 /// - rotate_pair_in_memory: read one pair where it lies, rotate it, write it.
 
 #include <cmath>
@@ -23,7 +25,7 @@ namespace rope {
 /// @brief The positions of one token on every axis it has (one, for text RoPE).
 struct TokenPositions {
     int64_t axis[kMaxPositionAxes];  ///< Position on axis a, for a < the plan's axes.
-    /// float32(axis[a]): the factor of the default angle (rope_angle_from_float), converted
+    /// float32(axis[a]): the factor of the default angle (rope_angle), converted
     /// once per token rather than once per pair: on a GPU, choosing each pair's int64
     /// position and converting it pair by pair adds work to every pair of a kernel that
     /// should run at the memory's speed, and was slower at M-RoPE (the lab's notes:
@@ -103,6 +105,21 @@ ROPE_HOST_DEVICE inline void scaled_sincos(const Rule& rule, float angle, float&
     sin_angle = rule.sin_scale * sin_raw;
 }
 
+/// @brief The angle pair @p pair turns by at @p position in the call's mode:
+/// rope_angle by default, rope_angle_precise in the precise mode.
+/// @tparam Rule AngleRule, or any type with the same members (see rotation_factors).
+/// @param rule the call's angle rule (its frequencies and mode).
+/// @param position the position the pair turns by.
+/// @param pair the pair's index, in [0, rotary_dim/2).
+/// @return the angle, in radians.
+template <typename Rule>
+ROPE_HOST_DEVICE inline float pair_angle(const Rule& rule, int64_t position, int64_t pair) {
+    // The low part is read only in the precise mode: on a GPU each such read is a
+    // constant-bank access that a warp's different pairs serialise.
+    return rule.precise ? rope_angle_precise(position, rule.inv_freq[pair], rule.inv_freq_low[pair])
+                        : rope_angle(position, rule.inv_freq[pair]);
+}
+
 /// @brief cos and sin of pair @p pair at @p position, times the call's scales.
 ///
 /// Computed from the frequency table (the same pair_angle on every backend)
@@ -132,16 +149,12 @@ ROPE_HOST_DEVICE inline void rotation_factors(const Rule& rule, int64_t position
         sin_angle = rule.sin_scale * sin_raw;
         return;
     }
-    // The low part is read only in the precise mode: on a GPU each such read is a
-    // constant-bank access that a warp's different pairs serialise.
-    const float angle = rule.precise ? rope_angle_precise(position, rule.inv_freq[pair], rule.inv_freq_low[pair])
-                                     : rope_angle(position, rule.inv_freq[pair]);
-    scaled_sincos(rule, angle, cos_angle, sin_angle);
+    scaled_sincos(rule, pair_angle(rule, position, pair), cos_angle, sin_angle);
 }
 
 /// @brief True when @p rule turns pairs by the default angle: computed (no caller's table), not precise.
 /// @param rule the call's angle rule.
-/// @return whether rotation_factors<true> (of a token's positions) may be used with @p rule.
+/// @return whether token_rotation_factors<true> may be used with @p rule.
 template <typename Rule>
 ROPE_HOST_DEVICE inline bool default_angle_only(const Rule& rule) {
     return rule.table.data == nullptr && !rule.precise;
@@ -162,11 +175,10 @@ ROPE_HOST_DEVICE inline bool default_angle_only(const Rule& rule) {
 /// @param[out] cos_angle cos_scale * cos(angle).
 /// @param[out] sin_angle sin_scale * sin(angle).
 template <bool kDefaultAngleOnly, typename Rule>
-ROPE_HOST_DEVICE inline void rotation_factors(const Rule& rule, const TokenPositions& positions, int64_t axis,
-                                              int64_t pair, float& cos_angle, float& sin_angle) {
+ROPE_HOST_DEVICE inline void token_rotation_factors(const Rule& rule, const TokenPositions& positions, int64_t axis,
+                                                    int64_t pair, float& cos_angle, float& sin_angle) {
     if constexpr (kDefaultAngleOnly)
-        scaled_sincos(rule, rope_angle_from_float(positions.of_axis_float(axis), rule.inv_freq[pair]), cos_angle,
-                      sin_angle);
+        scaled_sincos(rule, rope_angle(positions.of_axis_float(axis), rule.inv_freq[pair]), cos_angle, sin_angle);
     else
         rotation_factors(rule, positions.of_axis(axis), pair, cos_angle, sin_angle);
 }
