@@ -118,7 +118,8 @@ def _rotate(q: torch.Tensor, k: torch.Tensor, angles: Angles, unsqueeze_dim: int
     # HF's unsqueeze_dim says where q's heads axis is: 1 for [batch, heads, seq, dim], 2 for [batch, seq, heads, dim].
     layouts = {1: "bhsd", 2: "bshd", -3: "bhsd", -2: "bshd"}
     if unsqueeze_dim not in layouts:
-        raise _fail("unsqueeze_dim", unsqueeze_dim, "must be 1 (q as [batch, heads, seq, dim]) or 2 ([batch, seq, heads, dim])")
+        raise _fail("unsqueeze_dim", unsqueeze_dim,
+                    "must be 1 (q as [batch, heads, seq, dim]) or 2 ([batch, seq, heads, dim])")
     ids, max_position = angles.ids_for(q.shape[0])
     return ops.rope(q, k, angles.config, positions=ids, layout=layouts[unsqueeze_dim], backend=angles.backend,
                     max_position=max_position)
