@@ -127,6 +127,33 @@ def test_greedy_tokens_match_huggingface_over_20_steps(family):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("family", sorted(MROPE))
+def test_greedy_tokens_match_huggingface_with_an_image(family):
+    # An image of 4 x 6 patches (2 x 3 tokens after merging) between text tokens: HF's
+    # get_rope_index gives the image tokens their (t, h, w) grid positions, the text after it
+    # positions shifted back (rope_deltas), which the decode steps continue from.
+    model = build(family)
+    vision = model.config.vision_config
+    grid = torch.tensor([[1, 4, 6]])
+    g = torch.Generator().manual_seed(7)
+    pixels = torch.randn(int(grid.prod()), 3 * vision.temporal_patch_size * vision.patch_size ** 2, generator=g)
+    image_tokens = int(grid.prod()) // vision.spatial_merge_size ** 2
+    text = torch.randint(6, VOCAB, (1, 10), generator=g)
+    ids = torch.cat([text[:, :4], torch.tensor([[5] + [3] * image_tokens]), text[:, 4:]], dim=1)
+    inputs = dict(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(ids == 3).int(),
+                  max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    seen = []
+    with torch.no_grad():
+        want = model.generate(**inputs)
+        with rope.hf.patch(model) as patch:
+            rotary = patch._rotaries[0]
+            hook = rotary.register_forward_pre_hook(lambda module, args: seen.append(args[1]))
+            got = model.generate(**inputs)
+            hook.remove()
+    assert not torch.equal(seen[0][1], seen[0][2])  # the image's rows and columns: the axes differ
+    assert torch.equal(got, want)
+
+
 # Scaling types, given to the model as HF users write them: positions beyond the original context.
 SCALINGS = {
     "llama3": ("llama", dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
