@@ -82,6 +82,20 @@ def inputs(family, batch=2, seq=24, seed=1):
     return ids, positions
 
 
+@pytest.fixture
+def rope_calls(monkeypatch):
+    """The calls of rope.ops.rope made while the test runs (proof the patched path is rope's)."""
+    calls = []
+    real = rope.ops.rope
+
+    def counted(q, k, config, *args, **kwargs):
+        calls.append((tuple(q.shape), config))
+        return real(q, k, config, *args, **kwargs)
+
+    monkeypatch.setattr(rope.ops, "rope", counted)
+    return calls
+
+
 def relative_error(got, want):
     return ((got - want).abs().max() / want.abs().max()).item()
 
@@ -92,7 +106,7 @@ def logits(model, ids, positions):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_logits_match_huggingface_and_undo_restores_it_exactly(family):
+def test_logits_match_huggingface_and_undo_restores_it_exactly(family, rope_calls):
     model = build(family)
     ids, positions = inputs(family)
     want = logits(model, ids, positions)
@@ -101,6 +115,8 @@ def test_logits_match_huggingface_and_undo_restores_it_exactly(family):
         assert rope.hf.is_patched(model) and patch.active
         got = logits(model, ids, positions)
         got_default = logits(model, ids, None)
+    assert len(rope_calls) == 2 * TINY["num_hidden_layers"]  # each layer of both forwards went through rope
+    assert rope_calls[0][1] == patch.configs[0]
     assert not rope.hf.is_patched(model)
     assert relative_error(got, want) <= TOLERANCE
     assert relative_error(got_default, want_default) <= TOLERANCE
@@ -118,7 +134,7 @@ def test_a_wrong_rope_fails_the_metric():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_tokens_match_huggingface_over_20_steps(family):
+def test_greedy_tokens_match_huggingface_over_20_steps(family, rope_calls):
     model = build(family)
     prompt, _ = inputs(family, seq=8, seed=2)
     settings = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, use_cache=True)
@@ -127,6 +143,7 @@ def test_greedy_tokens_match_huggingface_over_20_steps(family):
         with rope.hf.patch(model):
             got = model.generate(prompt, **settings)
     assert got.shape == (2, 28)
+    assert len(rope_calls) == 20 * TINY["num_hidden_layers"]  # the prefill and 19 decode steps
     assert torch.equal(got, want)
 
 
@@ -196,7 +213,7 @@ def test_generation_from_a_long_prompt_with_yarn():
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2_vl", "gpt_neox"])
-def test_gradients_flow_and_match_huggingface(family):
+def test_gradients_flow_and_match_huggingface(family, rope_calls):
     model = build(family).train()
     ids, positions = inputs(family)
 
@@ -209,6 +226,7 @@ def test_gradients_flow_and_match_huggingface(family):
     want = gradients()
     with rope.hf.patch(model):
         got = gradients()
+    assert len(rope_calls) == TINY["num_hidden_layers"]
     assert got.keys() == want.keys()
     # q and k projections get their gradient only through the rotation.
     assert any("q_proj" in n or "query_key_value" in n for n in got)
