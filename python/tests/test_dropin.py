@@ -137,7 +137,10 @@ def test_a_wrong_rope_fails_the_metric():
 def test_greedy_tokens_match_huggingface_over_20_steps(family, rope_calls):
     model = build(family)
     prompt, _ = inputs(family, seq=8, seed=2)
-    settings = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, use_cache=True)
+    mask = torch.ones_like(prompt)
+    mask[0, :3] = 0  # the first prompt left-padded: its own positions in the batch
+    prompt[0, :3] = 0
+    settings = dict(attention_mask=mask, max_new_tokens=20, min_new_tokens=20, do_sample=False, use_cache=True)
     with torch.no_grad():
         want = model.generate(prompt, **settings)
         with rope.hf.patch(model):
