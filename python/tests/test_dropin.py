@@ -321,29 +321,41 @@ def test_the_docs_example_runs():
 
 
 # --- CUDA, bfloat16 -------------------------------------------------------------------------------
-def prefix_agreeing(a, b):
-    """Per row, how many leading tokens of a and b agree."""
-    same = (a == b).int().cumprod(dim=1)
-    return same.sum(dim=1)
+def stepwise_logits(model, sequence, prompt_length):
+    """The logits of each decode step along ``sequence`` (teacher-forced), through the KV cache:
+    [batch, steps, vocab], step i predicting sequence[:, prompt_length + i]."""
+    out = model(input_ids=sequence[:, :prompt_length], use_cache=True)
+    steps, cache = [out.logits[:, -1]], out.past_key_values
+    for t in range(prompt_length, sequence.shape[1] - 1):
+        out = model(input_ids=sequence[:, t:t + 1], past_key_values=cache, use_cache=True)
+        steps.append(out.logits[:, -1])
+        cache = out.past_key_values
+    return torch.stack(steps, dim=1).float()
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_on_cuda_tokens_agree_wherever_huggingface_bf16_and_fp32_agree(family):
+    # Along HF's float32 greedy tokens (20 decode steps, KV cache), each step's token from
+    # HF in float32, HF in bfloat16 and rope in bfloat16. Where HF's own bfloat16 run picks
+    # float32's token, by a margin beyond its own error at that step (a near tie is noise
+    # for any bfloat16 run), rope must pick it too; and rope's logits are no further from
+    # float32's than HF's bfloat16 ones.
     model = build(family).cuda()
     prompt, _ = inputs(family, seq=8, seed=2)
     prompt = prompt.cuda()
-    settings = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False)
     with torch.no_grad():
-        reference = model.generate(prompt, **settings)  # HF, float32
-        want_logits = logits(model, reference, None)
+        reference = model.generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+        want = stepwise_logits(model, reference, 8)
         model = model.to(torch.bfloat16)
-        hf_bf16 = model.generate(prompt, **settings)
+        hf = stepwise_logits(model, reference, 8)
         with rope.hf.patch(model):
-            got = model.generate(prompt, **settings)
-            got_logits = logits(model, reference, None)
-    trusted = prefix_agreeing(hf_bf16, reference)  # where HF's own bf16 run gives fp32's tokens
-    assert (prefix_agreeing(got, reference) >= trusted).all(), (got, reference, hf_bf16)
-    # bf16 activations: the logits within bf16's resolution of the fp32 ones.
-    assert relative_error(got_logits.float(), want_logits) <= 5e-2
+            got = stepwise_logits(model, reference, 8)
+    tokens = reference[:, 8:]
+    top2 = want.topk(2, dim=-1).values
+    decided = top2[..., 0] - top2[..., 1] > 2 * (hf - want).abs().amax(dim=-1)
+    trusted = (hf.argmax(dim=-1) == tokens) & decided
+    assert trusted.sum() >= tokens.numel() // 2, "HF's bfloat16 run agrees too rarely to compare"
+    assert torch.equal(got.argmax(dim=-1)[trusted], tokens[trusted])
+    assert relative_error(got, want) <= 1.5 * relative_error(hf, want)
