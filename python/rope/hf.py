@@ -133,7 +133,8 @@ _installed: Dict[str, Tuple[Any, Any, int]] = {}  # module name -> (HF's functio
 def _dispatcher(original):
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         if isinstance(cos, Angles):
-            unsqueeze_dim = kwargs.pop("unsqueeze_dim", args[0] if args else 1)
+            # transformers 5 passes (q, k, cos, sin[, unsqueeze_dim]); older copies put position_ids first.
+            unsqueeze_dim = kwargs.get("unsqueeze_dim", next((a for a in args if isinstance(a, int)), 1))
             return _rotate(q, k, cos, unsqueeze_dim)
         return original(q, k, cos, sin, *args, **kwargs)  # a model that is not patched: HF's own RoPE
 
