@@ -11,7 +11,8 @@ called on the caller's own memory, through DLPack, without a copy::
 
 rope.ops (imported on first use, it needs PyTorch) registers the PyTorch
 operators torch.ops.rope.apply_ (in place) and torch.ops.rope.apply
-(functional, differentiable, torch.compile-able).
+(functional, differentiable, torch.compile-able). rope.hf (also on first use)
+patches a HuggingFace transformers model to use them for its RoPE.
 
 Errors are rope.Error, a ValueError whose message names the argument and its
 value; when one is raised, nothing has been written.
@@ -24,13 +25,13 @@ from ._config import Config
 Error = _rope.Error
 BackendInfo = _rope.BackendInfo
 
-__all__ = ["Config", "Error", "BackendInfo", "apply", "list_backends", "ops"]
+__all__ = ["Config", "Error", "BackendInfo", "apply", "list_backends", "ops", "hf"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # rope.ops imports torch: only when asked for, so that `import rope` works without it.
-    if name == "ops":
+    # rope.ops and rope.hf import torch: only when asked for, so that `import rope` works without it.
+    if name in ("ops", "hf"):
         import importlib
 
         return importlib.import_module(".ops", __name__)
