@@ -1,5 +1,6 @@
 // cpu-naive: RoPE as plain loops. This is the readable specification: every
 // other backend must produce what this one produces (up to float32 rounding).
+// The lesson: tutorials/01_naive_cpu/chapter.md.
 //
 // For every sequence b, head h, token s and pair i:
 //   position = the token's position on pair i's axis  (PositionSource::at; one

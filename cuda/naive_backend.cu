@@ -1,4 +1,5 @@
 // cuda-naive: the direct CUDA port of cpu-naive (cpu/naive_backend.cpp).
+// The lesson: tutorials/03_naive_cuda/chapter.md.
 //
 // cpu-naive runs four nested loops (b, h, s, pair) and then copies the
 // pass-through features. Here each iteration of the innermost loop becomes one
