@@ -310,18 +310,6 @@ std::vector<BadInput> position_form_bad_inputs(rope::Device backend_device) {
         table_case("table on the wrong device",
                    [](Args& a) { a.cos_sin_cache.device = other_device(a.cos_sin_cache.device); },
                    "cos_sin_cache.device = " + wrong_device),
-        BadInput{"table with linear scaling",
-                 [](Call& c) {
-                     give_table(c, 16);
-                     c.config.scaling = {.type = rope::ScalingType::linear, .factor = 2.0};
-                 },
-                 nullptr, "scaling.type = linear: must be default with cos_sin_cache"},
-        BadInput{"table with precise angles",
-                 [](Call& c) {
-                     give_table(c, 16);
-                     c.config.precise_angles = true;
-                 },
-                 nullptr, "precise_angles = true: has no effect with cos_sin_cache"},
         table_case("table overlapping q_out", [](Args& a) { a.cos_sin_cache.data = a.q_out.data; }, "q_out.data = "),
         table_case("table overlapping k_out", [](Args& a) { a.cos_sin_cache.data = a.k_out.data; }, "k_out.data = "),
     };

@@ -16,6 +16,7 @@
 
 #include "backend_tags.hpp"
 #include "golden_file.hpp"
+#include "oracle.hpp"
 #include "support.hpp"
 
 namespace {
@@ -103,6 +104,28 @@ double angle_bound(const std::vector<float>& ours, const std::vector<double>& th
     return bound;
 }
 
+// The tolerance of a rotation against transformers' golden outputs, from what
+// separates us from transformers: the angle bound above, and the attention factor's
+// relative gap (ours is rounded from double, theirs is a Python float that torch
+// rounds to float32 too). A rotation moves a pair of norm r by at most
+// r * |angle gap|, so the relative L2 error is bounded by the angle gap plus the
+// attention gap; on top, 2e-6 for float32 cos/sin and products (as golden_test.cpp).
+struct GoldenTolerance {
+    double rel, abs;
+};
+
+GoldenTolerance golden_tolerance(const Golden& golden, const rope::RopeConfig& config, int64_t max_position) {
+    const rope::FrequencyTable table = rope::make_frequency_table(config, max_position);
+    const double angle = angle_bound(table.inv_freq, golden.data.at("inv_freq"), max_position);
+    const double attention = golden.number("attention_factor");
+    const double attention_gap = std::min(std::fabs(double(table.attention_factor) - attention) / attention, 1e-6);
+    double largest_input = 0.0;
+    for (const char* name : {"q", "k"})
+        for (double x : golden.data.at(name)) largest_input = std::max(largest_input, std::fabs(x));
+    return {2e-6 + angle + attention_gap,
+            1e-5 + std::sqrt(2.0) * largest_input * attention * (angle + attention_gap + 1e-6)};
+}
+
 }  // namespace
 
 TEST_CASE("scaling golden files cover every scaling type") {
@@ -171,21 +194,8 @@ TEST_CASE_TEMPLATE_DEFINE("scaled RoPE reproduces transformers' golden vectors",
         call.offset = positions.offset;
         testing::run(*backend, call);
 
-        // Tolerance, from what separates us from transformers: the angle bound
-        // above, and the attention factor's relative gap (ours is rounded from
-        // double, theirs is a Python float that torch rounds to float32 too).
-        // A rotation moves a pair of norm r by at most r * |angle gap|, so the
-        // relative L2 error is bounded by the angle gap plus the attention gap;
-        // on top, 2e-6 for float32 cos/sin and products (as golden_test.cpp).
-        const rope::FrequencyTable table = rope::make_frequency_table(call.config, positions.max_position);
-        const double angle = angle_bound(table.inv_freq, golden.data.at("inv_freq"), positions.max_position);
-        const double attention = golden.number("attention_factor");
-        const double attention_gap = std::min(std::fabs(double(table.attention_factor) - attention) / attention, 1e-6);
-        double largest_input = 0.0;
-        for (const char* name : {"q", "k"})
-            for (double x : golden.data.at(name)) largest_input = std::max(largest_input, std::fabs(x));
-        const double rel_tol = 2e-6 + angle + attention_gap;
-        const double abs_tol = 1e-5 + std::sqrt(2.0) * largest_input * attention * (angle + attention_gap + 1e-6);
+        const GoldenTolerance tolerance = golden_tolerance(golden, call.config, positions.max_position);
+        const double rel_tol = tolerance.rel, abs_tol = tolerance.abs;
         for (const char* name : {"q", "k"}) {
             const bool is_q = std::string(name) == "q";
             const auto& result = is_q ? call.q_out : call.k_out;
@@ -199,3 +209,185 @@ TEST_CASE_TEMPLATE_DEFINE("scaled RoPE reproduces transformers' golden vectors",
     }
 }
 TEST_CASE_TEMPLATE_APPLY(scaling_golden, AllBackends);
+
+// --- The cos/sin table of a scaled configuration (rope::make_cos_sin_cache) ---------
+// A table built from a configuration and handed to a call with that configuration
+// must rotate as the configuration alone does (the attention factor folded into the
+// table once, never applied twice), and as transformers does.
+
+namespace {
+
+// The call's q and k results, byte for byte.
+std::vector<uint16_t> result_bytes(const testing::Call& call) {
+    std::vector<uint16_t> bytes = call.q_result().storage;
+    bytes.insert(bytes.end(), call.k_result().storage.begin(), call.k_result().storage.end());
+    return bytes;
+}
+
+void give_built_table(testing::Call& call, const rope::RopeConfig& config, int64_t rows, int64_t max_position) {
+    call.table = rope::make_cos_sin_cache(config, rows, max_position);
+    call.table_rows = rows;
+    call.table_cols = config.effective_rotary_dim();
+    call.table_row_stride = call.table_cols;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("cos/sin table of every scaling type rotates as its config and as transformers", B,
+                          scaled_table) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    const bool naive = std::string(B::name) == "cpu-naive";
+    for (const Golden& golden : goldens()) {
+        const auto q_shape = golden::shape_of(golden.meta.at("q_shape")), k_shape = golden::shape_of(golden.meta.at("k_shape"));
+        const GoldenPositions positions = positions_of(golden, q_shape[2]);
+        for (bool precise : {false, true})
+            for (rope::Direction direction : {rope::Direction::forward, rope::Direction::inverse}) {
+                CAPTURE(golden.name);
+                CAPTURE(precise);
+                CAPTURE(direction == rope::Direction::inverse);
+                testing::Call alone;
+                alone.config = config_of(golden);
+                alone.config.precise_angles = precise;
+                alone.direction = direction;
+                alone.q = golden::tensor_from(golden.data.at("q"), rope::Layout::bhsd, q_shape);
+                alone.k = golden::tensor_from(golden.data.at("k"), rope::Layout::bhsd, k_shape);
+                alone.q_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, q_shape);
+                alone.k_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, k_shape);
+                alone.q_out.poison();
+                alone.k_out.poison();
+                alone.ids = positions.ids;
+                alone.id_rows = positions.rows;
+                alone.offset = positions.offset;
+                testing::Call with_table = alone;
+                // The table covers exactly the call's positions; dynamic and longrope get the call's length.
+                give_built_table(with_table, alone.config, positions.max_position, positions.max_position);
+                testing::run(*backend, alone);
+                testing::run(*backend, with_table);
+
+                // The same angle, cos and sin, attention factor and rotation: bit for bit on cpu-naive,
+                // which computes cos and sin with std::cos / std::sin as the builder does; elsewhere
+                // within the backend's own cos/sin accuracy (a few float32 ulps).
+                if (naive) {
+                    CHECK(result_bytes(with_table) == result_bytes(alone));
+                } else {
+                    testing::check_close(with_table.q_result().values(), alone.q_result().values(),
+                                         testing::agree_rel_l2, testing::agree_max_abs, "q: table vs config");
+                    testing::check_close(with_table.k_result().values(), alone.k_result().values(),
+                                         testing::agree_rel_l2, testing::agree_max_abs, "k: table vs config");
+                }
+
+                // The float64 oracle reading the same table (it shares no code with rope's
+                // rotation): only float32 products and sums separate them.
+                rope::RopeConfig unscaled = alone.config;
+                unscaled.scaling = {};
+                unscaled.precise_angles = false;
+                for (bool is_q : {true, false}) {
+                    const testing::HostTensor& in = is_q ? alone.q : alone.k;
+                    const testing::HostTensor& got = is_q ? with_table.q_result() : with_table.k_result();
+                    testing::check_close(got.values(),
+                                         oracle::rotate(unscaled, in.view, with_table.positions(), direction,
+                                                        with_table.cos_sin_cache()),
+                                         1e-6, 1e-5, is_q ? "q: table vs oracle reading it" : "k: table vs oracle reading it");
+                }
+                // The float64 oracle computing linear (and default) frequencies itself.
+                if (alone.config.scaling.type == rope::ScalingType::linear)
+                    for (bool is_q : {true, false}) {
+                        const testing::HostTensor& in = is_q ? alone.q : alone.k;
+                        const testing::HostTensor& got = is_q ? with_table.q_result() : with_table.k_result();
+                        const testing::Tolerance tolerance = testing::oracle_tolerance(rope::DType::f32, positions.max_position);
+                        testing::check_close(got.values(), oracle::rotate(alone.config, in.view, alone.positions(), direction),
+                                             tolerance.rel_l2, tolerance.max_abs, "table vs oracle's linear scaling");
+                    }
+                // transformers' own rotation (forward only: the goldens hold that).
+                if (direction == rope::Direction::forward) {
+                    const GoldenTolerance tolerance = golden_tolerance(golden, alone.config, positions.max_position);
+                    for (const char* name : {"q", "k"}) {
+                        const testing::HostTensor& got = std::string(name) == "q" ? with_table.q_out : with_table.k_out;
+                        const oracle::ErrorStats stats =
+                            oracle::compare(got.values(), golden.data.at(std::string(name) + "_out"));
+                        INFO(name << ": rel_l2 = " << stats.rel_l2 << " (tolerance " << tolerance.rel
+                                  << "), max_abs = " << stats.max_abs << " (tolerance " << tolerance.abs << ")");
+                        CHECK(stats.non_finite == 0);
+                        CHECK(stats.rel_l2 <= tolerance.rel);
+                        CHECK(stats.max_abs <= tolerance.abs);
+                    }
+                }
+            }
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(scaled_table, AllBackends);
+
+TEST_CASE("cos/sin table of a multi-axis config: each pair reads its own axis's row") {
+    auto backend = testing::backend_or_skip("cpu-naive");
+    if (!backend) return;
+    rope::RopeConfig mrope{.head_dim = 64, .rotary_dim = 32};
+    mrope.scaling = {.type = rope::ScalingType::yarn, .factor = 4.0, .original_max_position_embeddings = 64};
+    mrope.multi_axis = {rope::AxisAssignment::mrope_contiguous, {4, 6, 6}};
+    rope::RopeConfig interleaved = mrope;
+    interleaved.multi_axis = {rope::AxisAssignment::mrope_interleaved, {8, 4, 4}};
+    interleaved.style = rope::Style::interleaved;
+    rope::RopeConfig axial{.head_dim = 32, .multi_axis = {rope::AxisAssignment::axial, {8, 8}}};
+    for (const rope::RopeConfig& config : {mrope, interleaved, axial}) {
+        CAPTURE(rope::axis_assignment_name(config.multi_axis.assignment));
+        const int64_t seq = 24, rows = 300, axes = config.multi_axis.axes();
+        testing::Call alone =
+            testing::make_call(config, rope::DType::f32, rope::Layout::bhsd, {2, 3, seq, config.head_dim},
+                               {2, 1, seq, config.head_dim});
+        std::uniform_int_distribution<int64_t> id(0, rows - 1);
+        alone.id_axes = axes;
+        alone.id_rows = 2;
+        alone.ids.resize(size_t(axes * 2 * seq));
+        for (int64_t& v : alone.ids) v = id(testing::rng());
+        testing::Call with_table = alone;
+        give_built_table(with_table, config, rows, 0);
+        testing::run(*backend, alone);
+        testing::run(*backend, with_table);
+        CHECK(result_bytes(with_table) == result_bytes(alone));
+    }
+}
+
+TEST_CASE("cos/sin table: make_cos_sin_cache refuses bad input, naming the parameter") {
+    const rope::RopeConfig plain{.head_dim = 64};
+    rope::RopeConfig dynamic = plain;
+    dynamic.scaling = {.type = rope::ScalingType::dynamic, .factor = 2.0, .original_max_position_embeddings = 128};
+    rope::RopeConfig longrope = plain;
+    longrope.scaling = {.type = rope::ScalingType::longrope,
+                        .factor = 2.0,
+                        .original_max_position_embeddings = 128,
+                        .short_factor = std::vector<double>(32, 1.0),
+                        .long_factor = std::vector<double>(32, 2.0)};
+    rope::RopeConfig tiny_base = plain;
+    tiny_base.base = 1e-45;
+    rope::RopeConfig odd = plain;
+    odd.rotary_dim = 33;
+    const struct {
+        const char* what;
+        rope::RopeConfig config;
+        int64_t rows, max_position;
+        std::string expected;
+    } cases[] = {
+        {"no rows", plain, 0, 0, "rows = 0: must be > 0"},
+        {"negative rows", plain, -5, 0, "rows = -5: must be > 0"},
+        {"absurd rows", plain, int64_t(1) << 40, 0, "rows = 1099511627776: times rotary_dim = 64 is more than 2^31"},
+        {"rows * rotary_dim past the bound", plain, (int64_t(1) << 31) / 64 + 1, 0, "rows = 33554433: times rotary_dim"},
+        {"negative max_position", plain, 16, -1, "max_position = -1: must be >= 0"},
+        {"dynamic without its length", dynamic, 16, 0, "max_position = 0: must be given (> 0) with scaling type dynamic"},
+        {"longrope without its length", longrope, 16, 0, "max_position = 0: must be given (> 0) with scaling type longrope"},
+        {"invalid config", odd, 16, 0, "rotary_dim = 33"},
+        {"theta past float32", tiny_base, 16, 0, "is not finite in float32"},
+    };
+    for (const auto& c : cases) {
+        CAPTURE(c.what);
+        try {
+            (void)rope::make_cos_sin_cache(c.config, c.rows, c.max_position);
+            FAIL("no rope::Error");
+        } catch (const rope::Error& error) {
+            CHECK_MESSAGE(std::string(error.what()).find(c.expected) != std::string::npos, error.what());
+        }
+    }
+    // Dynamic and longrope with their length are accepted; the default type ignores max_position.
+    CHECK(rope::make_cos_sin_cache(dynamic, 16, 300).size() == 16 * 64);
+    CHECK(rope::make_cos_sin_cache(longrope, 16, 300).size() == 16 * 64);
+    CHECK(rope::make_cos_sin_cache(plain, 16, 5).size() == 16 * 64);
+}

@@ -1,4 +1,5 @@
-// make_plan: every check a RoPE call must pass, in one place for all backends.
+// make_plan: every check a RoPE call must pass, in one place for all backends;
+// and make_cos_sin_cache, which builds a caller's table by the same angle rule and checks.
 //
 // Each failure names the parameter as the user wrote it (q.shape[2], k.device,
 // positions.length, ...) and the value it had, so bad input is diagnosed
@@ -11,6 +12,7 @@
 #include <string_view>
 
 #include "rope/error.hpp"
+#include "rope/detail/pair_step.hpp"
 #include "rope/detail/plan.hpp"
 
 namespace rope {
@@ -266,7 +268,7 @@ void check_packed(const Positions& positions, int64_t batch, int64_t seq, Positi
 }
 
 PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t seq, Device device,
-                              const RopeConfig& config) {
+                              const RopeConfig& config, bool table) {
     PositionFacts facts;
     facts.source.seq = seq;
     const int64_t config_axes = config.multi_axis.axes();
@@ -306,7 +308,8 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
     if (arrays && positions.device != Device::host) {
         if (positions.max_position < 0)
             fail("positions.max_position", positions.max_position, "must be >= 0 (0 means unknown)");
-        if (length_dependent(config.scaling.type) && positions.max_position == 0)
+        // A caller's table replaces the frequencies, so their length is not needed then.
+        if (length_dependent(config.scaling.type) && !table && positions.max_position == 0)
             fail("positions.max_position", positions.max_position,
                  std::string("must be given (largest position + 1) for device-resident positions with scaling type ") +
                      std::string(scaling_type_name(config.scaling.type)) + ", whose frequencies depend on the length");
@@ -317,8 +320,7 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
 }
 
 // A caller's cos/sin table: float32 [rows, rotary_dim] on the backend's device.
-CosSinTable check_table(const CosSinCache& cache, const RopeConfig& config, int64_t rotary_dim, Device device,
-                        int64_t largest) {
+CosSinTable check_table(const CosSinCache& cache, int64_t rotary_dim, Device device, int64_t largest) {
     if (cache.data == nullptr) return {};
     if (cache.dtype != DType::f32)
         fail("cos_sin_cache.dtype", dtype_name(cache.dtype), "must be fp32 (fp16/bf16 tables lose accuracy)");
@@ -332,11 +334,9 @@ CosSinTable check_table(const CosSinCache& cache, const RopeConfig& config, int6
     const int64_t row_stride = cache.row_stride == 0 ? cache.cols : cache.row_stride;
     if (row_stride < cache.cols)
         fail("cos_sin_cache.row_stride", cache.row_stride, "must be >= cols = " + std::to_string(cache.cols) + " (or 0)");
-    if (config.scaling.type != ScalingType::none)
-        fail("scaling.type", scaling_type_name(config.scaling.type),
-             "must be default with cos_sin_cache (the table replaces the frequency computation)");
-    if (config.precise_angles)
-        fail("precise_angles", "true", "has no effect with cos_sin_cache (the table replaces the angle computation)");
+    // Any scaling and precise_angles are accepted: they describe how the table was built
+    // (make_cos_sin_cache), and make_plan applies neither the config's frequencies nor its
+    // attention factor on top of a table, so nothing can be applied twice.
     if (largest >= cache.rows)
         fail("positions", "largest " + std::to_string(largest),
              "must be < cos_sin_cache.rows = " + std::to_string(cache.rows) + " (the table has no row for it)");
@@ -393,8 +393,9 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device, co
     check_aliasing(args);
 
     const int64_t rotary_dim = config.effective_rotary_dim();
-    const PositionFacts facts = check_positions(args.positions, q.batch, q.seq, device, config);
-    const CosSinTable table = check_table(args.cos_sin_cache, config, rotary_dim, device, facts.largest);
+    const PositionFacts facts =
+        check_positions(args.positions, q.batch, q.seq, device, config, args.cos_sin_cache.data != nullptr);
+    const CosSinTable table = check_table(args.cos_sin_cache, rotary_dim, device, facts.largest);
 
     Plan plan;
     plan.style = config.style;
@@ -433,6 +434,38 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device, co
     plan.angles.cos_scale = scale;
     plan.angles.sin_scale = (args.direction == Direction::forward ? 1.0f : -1.0f) * scale;
     return plan;
+}
+
+std::vector<float> make_cos_sin_cache(const RopeConfig& config, int64_t rows, int64_t max_position) {
+    validate(config);
+    const int64_t rotary_dim = config.effective_rotary_dim();
+    const int64_t pairs = rotary_dim / 2;
+    if (rows <= 0) fail("rows", rows, "must be > 0 (the positions the table covers)");
+    if (rows > kMaxCosSinCacheFloats / rotary_dim)
+        fail("rows", rows,
+             "times rotary_dim = " + std::to_string(rotary_dim) +
+                 " is more than 2^31 floats (8 GiB), the most a table may hold");
+    if (max_position < 0) fail("max_position", max_position, "must be >= 0");
+    if (length_dependent(config.scaling.type) && max_position == 0)
+        fail("max_position", max_position,
+             "must be given (> 0) with scaling type " + std::string(scaling_type_name(config.scaling.type)) +
+                 ": its frequencies depend on the largest position + 1 a call reaches, and the table holds those "
+                 "of one such length");
+    const FrequencyTable frequencies = detail::build_frequency_table(config, max_position);
+    check_angles(frequencies, config, rows - 1, /*table=*/false);  // As a call reaching rows - 1 would be checked.
+
+    // The backends' own rule, attention factor on both cos and sin, forward direction.
+    AngleRule rule;
+    rule.inv_freq = frequencies.inv_freq;
+    rule.inv_freq_low = frequencies.inv_freq_low;
+    rule.precise = config.precise_angles;
+    rule.cos_scale = rule.sin_scale = frequencies.attention_factor;
+    std::vector<float> table(static_cast<size_t>(rows * rotary_dim));
+    for (int64_t p = 0; p < rows; ++p) {
+        float* row = table.data() + p * rotary_dim;
+        for (int64_t i = 0; i < pairs; ++i) rotation_factors(rule, p, i, row[i], row[pairs + i]);
+    }
+    return table;
 }
 
 namespace detail {

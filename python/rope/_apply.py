@@ -54,7 +54,9 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
         cp: (size, rank): this rank's context-parallel shard (chunks rank and
             2*size-1-rank of every sequence), rotated at global positions.
         cos_sin_cache: a float32 [max_position, rotary_dim] table (cos of each
-            pair, then sin), replacing rope's own angles.
+            pair, then sin), replacing rope's own angles: ``config``'s scaling
+            and attention factor are not applied on top of it
+            (``config.cos_sin_cache(rows)`` builds the table of ``config``).
         max_position: largest position + 1, needed with dynamic or longrope
             scaling when the ids live on a CUDA device (rope cannot read them).
         stream: the CUDA stream to launch on (an int handle, a torch.cuda.Stream,

@@ -14,9 +14,12 @@ from __future__ import annotations
 import json
 import operator
 from functools import lru_cache
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from . import _rope
+
+if TYPE_CHECKING:
+    import numpy
 
 Error = _rope.Error
 
@@ -254,6 +257,29 @@ class Config:
         every backend uses for a call whose largest position + 1 is ``max_position``
         (it matters for dynamic and longrope only)."""
         return _rope.frequency_table(self._native, _integer("max_position", max_position))
+
+    def cos_sin_cache(self, rows: int, max_position: int = 0) -> "numpy.ndarray":
+        """The float32 ``[rows, rotary_dim]`` cos/sin table of this Config, in vLLM's layout
+        (row ``p``: cos of each pair at position ``p``, then sin), for ``rope.apply``'s
+        ``cos_sin_cache``; rope::make_cos_sin_cache.
+
+        Every scaling type's frequencies and attention factor are in it (cos and sin
+        times the attention factor, as vLLM folds in yarn's and longrope's), and the
+        angles are computed as the backends compute them (``precise_angles`` included),
+        so ``rope.apply(q, k, config, cos_sin_cache=config.cos_sin_cache(rows))`` rotates
+        as ``rope.apply(q, k, config)`` does. With several axes (M-RoPE, axial) each pair
+        reads the row of its own axis's position.
+
+        Args:
+            rows: positions the table covers, 0 to ``rows - 1`` (vLLM's max_position); > 0,
+                and ``rows * rotary_dim`` at most 2**31.
+            max_position: dynamic and longrope scaling only, and required there: the largest
+                position + 1 of the calls the table serves (their frequencies depend on it).
+
+        Raises:
+            rope.Error: naming ``rows`` or ``max_position`` and its value when out of range.
+        """
+        return _rope.cos_sin_cache(self._native, _integer("rows", rows), _integer("max_position", max_position))
 
     # --- Identity: the PyTorch operator passes a Config as this string ---------------
     @property

@@ -7,6 +7,10 @@ rope's C++ library, reached through DLPack. Use the package rope, not this modul
 
 from collections.abc import Sequence
 import enum
+from typing import Annotated
+
+import numpy
+from numpy.typing import NDArray
 
 
 class Error(ValueError):
@@ -207,6 +211,11 @@ def config_from_key(key: str) -> RopeConfig:
 def frequency_table(config: RopeConfig, max_position: int) -> tuple:
     """
     (inv_freq, attention_factor): theta_i in float32 and the factor on cos and sin, as every backend uses them.
+    """
+
+def cos_sin_cache(config: RopeConfig, rows: int, max_position: int) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
+    """
+    rope::make_cos_sin_cache: the float32 [rows, rotary_dim] cos/sin table of a configuration (vLLM's layout).
     """
 
 class BackendInfo:

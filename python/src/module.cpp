@@ -184,6 +184,18 @@ NB_MODULE(_rope, m) {
         "config"_a, "max_position"_a,
         "(inv_freq, attention_factor): theta_i in float32 and the factor on cos and sin, as every backend uses them.");
 
+    m.def(
+        "cos_sin_cache",
+        [](const rope::RopeConfig& config, int64_t rows, int64_t max_position) {
+            // The array owns the vector: NumPy frees it with the last reference.
+            auto* table = new std::vector<float>(rope::make_cos_sin_cache(config, rows, max_position));
+            nb::capsule owner(table, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+            const size_t shape[2] = {size_t(rows), size_t(config.effective_rotary_dim())};
+            return nb::ndarray<nb::numpy, float, nb::ndim<2>>(table->data(), 2, shape, owner);
+        },
+        "config"_a, "rows"_a, "max_position"_a,
+        "rope::make_cos_sin_cache: the float32 [rows, rotary_dim] cos/sin table of a configuration (vLLM's layout).");
+
     nb::class_<rope::BackendInfo>(m, "BackendInfo", "What the registry knows about one backend.")
         .def_ro("name", &rope::BackendInfo::name)
         .def_ro("description", &rope::BackendInfo::description)

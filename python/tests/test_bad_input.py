@@ -217,8 +217,6 @@ def table_cases():
         ("position past the table", "must be < cos_sin_cache.rows = 16", with_table(real, positions=10)),
         ("id past the table", "largest 20: must be < cos_sin_cache.rows = 16",
          with_table(real, positions=np.array([0, 1, 2, 3, 4, 5, 6, 20]))),
-        ("table with scaling", "scaling.type = linear: must be default with cos_sin_cache",
-         with_table(real, cfg=config(scaling={"rope_type": "linear", "factor": 2.0}))),
         ("table with a feature stride", "cos_sin_cache.strides[1] = 2: must be 1",
          with_table(lambda: np.ones((16, 128), np.float32)[:, ::2])),
         ("1-D table", "cos_sin_cache.ndim = 1", with_table(lambda: np.ones(64, np.float32))),

@@ -4,6 +4,7 @@
 /// an optional caller-supplied cos/sin table and the stream.
 
 #include <cstdint>
+#include <vector>
 
 #include "rope/config.hpp"
 #include "rope/dtype.hpp"
@@ -19,7 +20,11 @@ namespace rope {
 /// by their sines: shape [rows, rotary_dim], float32. With a table, rope reads
 /// cos and sin of pair i at position p from row p instead of computing them
 /// from theta_i, so any frequency scaling rope does not ship can be plugged
-/// in (the table already holds any attention factor). Position ids must lie
+/// in (the table already holds any attention factor). The table is the
+/// rotation: the call's RopeConfig then gives only the pairing, the dimensions
+/// and the axes; its base, scaling (frequencies and attention factor) and
+/// precise_angles are never applied on top of the table, whatever they are.
+/// make_cos_sin_cache() builds the table of a configuration. Position ids must lie
 /// in [0, rows): host positions outside are a rope::Error; device ids outside
 /// cannot be checked beforehand, and the CUDA backends then never read outside
 /// the table: each pair whose position (on its own axis) is outside gets NaN
@@ -43,6 +48,45 @@ struct CosSinCache {
         return CosSinCache{data, DType::f32, device, rows, cols, cols};
     }
 };
+
+/// @brief Most floats a table built by make_cos_sin_cache() may hold: 2^31 (8 GiB).
+inline constexpr int64_t kMaxCosSinCacheFloats = int64_t(1) << 31;
+
+/// @brief Builds the cos/sin table of @p config in vLLM's layout (see CosSinCache).
+///
+/// Row p, for p in [0, rows), holds attention_factor * cos(angle(p, i)) for
+/// each pair i in [0, rotary_dim/2), then attention_factor * sin(angle(p, i)):
+/// theta_i and the attention factor of every scaling type come from
+/// make_frequency_table(), and the angle and its cos and sin are computed by
+/// the very code the backends run (rope_angle, or rope_angle_precise when
+/// config.precise_angles is set), as vLLM folds the attention factor (yarn's
+/// mscale, longrope's) into its table. So a call given @p config and this
+/// table rotates as the same call given @p config alone: bit for bit on
+/// cpu-naive, and within each backend's own cos/sin accuracy elsewhere.
+/// With several position axes (M-RoPE, axial) column i holds pair i's own
+/// theta_i, and each pair reads the row of its own axis's position, as vLLM's
+/// M-RoPE reads its table.
+///
+/// Dynamic and longrope scaling have frequencies that depend on how far a
+/// call reaches; the table holds those of calls whose largest position + 1 is
+/// @p max_position, which must then be given (for dynamic, vLLM builds its
+/// table for its full length in the same way). Calls that reach less far would
+/// use other frequencies without a table (the unscaled base, the short factors).
+/// @code
+/// const std::vector<float> table = rope::make_cos_sin_cache(config, 4096);
+/// args.cos_sin_cache = rope::CosSinCache::dense(table.data(), 4096, config.effective_rotary_dim());
+/// @endcode
+/// @param config the model's RoPE, any scaling type and axes.
+/// @param rows positions the table covers, 0 to rows - 1 (vLLM's max_position);
+///        > 0, and rows * rotary_dim at most kMaxCosSinCacheFloats.
+/// @param max_position dynamic and longrope only, and required (> 0) there: the
+///        largest position + 1 of the calls the table serves; >= 0 for the other
+///        types, which do not read it.
+/// @return rows * rotary_dim floats, row after row.
+/// @throws rope::Error naming the parameter and its value: @p config invalid
+///         (see validate()), @p rows or @p max_position out of range, or an
+///         angle that float32 cannot hold (as a call without the table would be refused).
+std::vector<float> make_cos_sin_cache(const RopeConfig& config, int64_t rows, int64_t max_position = 0);
 
 /// @brief The arguments of one RoPE call: q and k in, q and k out.
 ///
