@@ -199,7 +199,7 @@ int main() {
                 "bytes with the same threads. For example:\n"
                 "  build/default/bench/rope-bench --backend all --shape 1,32,4096,128 --kv-heads 8\n"
                 "  build/default/bench/rope-bench --backend cpu-eigen --threads 1,2 --dtype bf16 --format csv\n"
-                "scripts/bench-cpu writes bench/results/cpu.md; the docs' benchmark page plots bench/results/*.csv.\n");
+                "scripts/bench-cpu writes bench/results/cpu-rope-bench.csv; the docs' benchmark page plots bench/results/*.csv.\n");
 
     tutorial::print_section("3. The roofline: why RoPE is memory-bound");
     // Per pair: x' = x c - y s, y' = y c + x s: 4 multiplies and 2 adds, so 3 flops per element.
