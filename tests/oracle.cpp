@@ -217,9 +217,11 @@ std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorVie
 std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorView& x,
                            const rope::Positions& positions, rope::Direction direction,
                            const rope::CosSinCache& table) {
-    if (config.scaling.type != rope::ScalingType::none)
-        throw std::invalid_argument("oracle: a cos/sin table replaces the frequencies; scaling must be none");
-    return rotate_with(config, x, positions, direction, table.data != nullptr ? &table : nullptr);
+    // The table is the rotation (docs/api.md): a scaling of the config, whose
+    // frequencies and attention factor the table already holds, is not applied on top.
+    rope::RopeConfig unscaled = config;
+    if (table.data != nullptr) unscaled.scaling = rope::Scaling{};
+    return rotate_with(unscaled, x, positions, direction, table.data != nullptr ? &table : nullptr);
 }
 
 ErrorStats compare(const std::vector<double>& got, const std::vector<double>& want) {

@@ -47,7 +47,7 @@ std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorVie
                            const rope::Positions& positions, rope::Direction direction);
 
 // The same with a caller's cos/sin table (on the host): cos and sin are read
-// from it instead of computed (config.scaling must then be none).
+// from it instead of computed; config.scaling, already in the table, is not applied.
 std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorView& x,
                            const rope::Positions& positions, rope::Direction direction,
                            const rope::CosSinCache& table);
