@@ -126,6 +126,24 @@ GoldenTolerance golden_tolerance(const Golden& golden, const rope::RopeConfig& c
             1e-5 + std::sqrt(2.0) * largest_input * attention * (angle + attention_gap + 1e-6)};
 }
 
+// The golden file's call: its config, q and k in bhsd, poisoned float32 outputs
+// and its positions.
+testing::Call golden_call(const Golden& golden, const std::array<int64_t, 4>& q_shape,
+                          const std::array<int64_t, 4>& k_shape, const GoldenPositions& positions) {
+    testing::Call call;
+    call.config = config_of(golden);
+    call.q = golden::tensor_from(golden.data.at("q"), rope::Layout::bhsd, q_shape);
+    call.k = golden::tensor_from(golden.data.at("k"), rope::Layout::bhsd, k_shape);
+    call.q_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, q_shape);
+    call.k_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, k_shape);
+    call.q_out.poison();
+    call.k_out.poison();
+    call.ids = positions.ids;
+    call.id_rows = positions.rows;
+    call.offset = positions.offset;
+    return call;
+}
+
 }  // namespace
 
 TEST_CASE("scaling golden files cover every scaling type") {
@@ -181,17 +199,7 @@ TEST_CASE_TEMPLATE_DEFINE("scaled RoPE reproduces transformers' golden vectors",
         const auto q_shape = golden::shape_of(golden.meta.at("q_shape")), k_shape = golden::shape_of(golden.meta.at("k_shape"));
         const GoldenPositions positions = positions_of(golden, q_shape[2]);
 
-        testing::Call call;
-        call.config = config_of(golden);
-        call.q = golden::tensor_from(golden.data.at("q"), rope::Layout::bhsd, q_shape);
-        call.k = golden::tensor_from(golden.data.at("k"), rope::Layout::bhsd, k_shape);
-        call.q_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, q_shape);
-        call.k_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, k_shape);
-        call.q_out.poison();
-        call.k_out.poison();
-        call.ids = positions.ids;
-        call.id_rows = positions.rows;
-        call.offset = positions.offset;
+        testing::Call call = golden_call(golden, q_shape, k_shape, positions);
         testing::run(*backend, call);
 
         const GoldenTolerance tolerance = golden_tolerance(golden, call.config, positions.max_position);
@@ -246,19 +254,9 @@ TEST_CASE_TEMPLATE_DEFINE("cos/sin table of every scaling type rotates as its co
                 CAPTURE(golden.name);
                 CAPTURE(precise);
                 CAPTURE(direction == rope::Direction::inverse);
-                testing::Call alone;
-                alone.config = config_of(golden);
+                testing::Call alone = golden_call(golden, q_shape, k_shape, positions);
                 alone.config.precise_angles = precise;
                 alone.direction = direction;
-                alone.q = golden::tensor_from(golden.data.at("q"), rope::Layout::bhsd, q_shape);
-                alone.k = golden::tensor_from(golden.data.at("k"), rope::Layout::bhsd, k_shape);
-                alone.q_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, q_shape);
-                alone.k_out = testing::HostTensor::make(rope::DType::f32, rope::Layout::bhsd, k_shape);
-                alone.q_out.poison();
-                alone.k_out.poison();
-                alone.ids = positions.ids;
-                alone.id_rows = positions.rows;
-                alone.offset = positions.offset;
                 testing::Call with_table = alone;
                 // The table covers exactly the call's positions; dynamic and longrope get the call's length.
                 give_built_table(with_table, alone.config, positions.max_position, positions.max_position);
