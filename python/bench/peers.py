@@ -446,11 +446,13 @@ def main():
     parser.add_argument("--only", action="append", help="rows whose case names contain this text (repeatable)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each timing every implementation once")
     parser.add_argument("--reps", type=int, default=10, help="timed batches per implementation per round")
+    parser.add_argument("--deadline", type=float, help="seconds after which no further row starts")
     parser.add_argument("--peers-dir", type=Path, default=ROOT / ".carry" / "peers", help="scripts/stage-peers' output")
     parser.add_argument("--device", help="the device named in the CSV (default: PyTorch's name for it)")
     parser.add_argument("--commit", help="the commit named in the CSV (default: git describe)")
     parser.add_argument("--command", help="the command recorded in the CSV (default: this one)")
     args = parser.parse_args()
+    began = time.monotonic()
     import torch
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
@@ -475,6 +477,9 @@ def main():
         for row in ROWS:
             if args.only and not any(text in row[0] for text in args.only):
                 continue
+            if args.deadline and time.monotonic() - began > args.deadline:
+                print(f"deadline ({args.deadline:.0f} s) passed: {row[0]} and the rows after it not run")
+                break
             case = Case(row, Sets)
             section = f"{row[0]}: {row[2]} [{','.join(map(str, row[3]))}] + {row[4]} k heads, {row[5]}"
             for result in measure(case, makers, args):
