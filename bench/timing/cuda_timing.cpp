@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -14,9 +15,13 @@
 namespace rope_bench {
 namespace {
 
-// A repetition lasts at least this long, so that the one launch gap it
-// contains (about 3 us) costs under 0.3% of it.
+// A repetition lasts at least this long (and waits behind a spin, so no launch gap is in it).
 constexpr double kRepetitionUs = 1000.0;
+// Untimed repetitions before the timed ones, at least this long: the clocks of a GPU that sat idle while
+// the sets were allocated and filled are up again before the first timed one.
+constexpr double kWarmUpUs = 20000.0;
+// The spin before a repetition: twice the host's time to issue its first call (or the graph's launch), plus this.
+constexpr double kSpinMarginUs = 10.0;
 // At most this many calls per repetition (a call of 50 ns would need 20000).
 constexpr int64_t kMaxCallsPerRepetition = 20000;
 
@@ -41,9 +46,12 @@ struct EventPair {
     EventPair(const EventPair&) = delete;
     EventPair& operator=(const EventPair&) = delete;
 
+    double spin_us = 0;  // How long the GPU waits, before the start event, for the host to issue the work.
+
     // Milliseconds that the work `issue` enqueues on the stream takes. Waiting
     // for the stop event also reports any fault of that work.
     float time_ms(const std::function<void()>& issue) {
+        if (spin_us > 0) cuda_spin_async(spin_us, stream);
         check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
         issue();
         check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
@@ -102,14 +110,23 @@ double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets
     // loading stays out of a graph capture).
     for (int64_t call = 0; call < sets; ++call) launch(call);
     check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (warm-up)");
+    // The host's time to issue one call (the GPU idle): what the spin before a repetition must outlast.
+    const auto issuing = std::chrono::steady_clock::now();
+    launch(sets);
+    const double issue_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - issuing).count();
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (warm-up)");
 
     // Calls per repetition: enough for kRepetitionUs, judged from 4 calls.
     EventPair events(stream);
-    int64_t next_call = sets;
+    int64_t next_call = sets + 1;
     const double one_call_us = 1000.0 * events.time_calls_ms(launch, next_call, 4) / 4.0;
     next_call += 4;
     const int64_t calls = std::clamp<int64_t>(int64_t(std::ceil(kRepetitionUs / std::max(one_call_us, 1e-3))), 1,
                                               kMaxCallsPerRepetition);
+    for (double warmed_us = 0; warmed_us < kWarmUpUs; next_call += calls)
+        warmed_us += 1000.0 * events.time_calls_ms(launch, next_call, calls);
+    events.spin_us = 2 * issue_us + kSpinMarginUs;
 
     if (clock == GpuClock::events) {
         return median_per_call_us(reps, calls, [&] {
@@ -125,6 +142,12 @@ double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets
     auto replay = [&] { check_cuda(cudaGraphLaunch(graph.exec, s), "cudaGraphLaunch"); };
     replay();  // Untimed: uploads the graph, so the timed replays measure execution only.
     check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (graph upload)");
+    const auto launching = std::chrono::steady_clock::now();
+    replay();  // Untimed: the host's time to launch the graph, which the spin must outlast.
+    const double launch_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - launching).count();
+    events.spin_us = 2 * launch_us + kSpinMarginUs;
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (graph replay)");
     return median_per_call_us(reps, per_graph, [&] { return events.time_ms(replay); });
 }
 
