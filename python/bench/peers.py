@@ -28,8 +28,8 @@ The method (rope-bench's, bench/timing/timing.hpp), with PyTorch's tools:
 Writes OUTDIR/peers.csv (stamped with date, device, commit, command) and prints it as a table.
 """
 
-import argparse, ctypes, csv, datetime, importlib, importlib.metadata, importlib.util, itertools, math, os, shlex
-import shutil, statistics, subprocess, sys, tempfile, time
+import argparse, ctypes, csv, datetime, importlib, importlib.metadata, importlib.util, inspect, itertools, math, os
+import shlex, shutil, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,8 +204,9 @@ def peer_makers(stage, nvcc_job):
                 raise Skip("M-RoPE row only")
             cos, sin = (t[:, 0, :, :c.shape[3] // 2].contiguous() for t in c.cos3)  # [3, tokens, d/2]
             flat = lambda x: x.view(c.tokens, -1)  # noqa: E731
+            neox = {"is_neox_style": True} if "is_neox_style" in inspect.signature(triton_mrope).parameters else {}
             return lambda i: (triton_mrope(flat(c.sets.q[i]), flat(c.sets.k[i]), cos, sin, SECTIONS, c.shape[3],
-                                           c.shape[3], False), (c.sets.q[i], c.sets.k[i]))[1]
+                                           c.shape[3], False, **neox), (c.sets.q[i], c.sets.k[i]))[1]
         makers.append(("vLLM triton_mrope", f"vllm {vllm.__version__}", "in", vllm_mrope))
     except ImportError as error:
         makers.append(("vLLM triton_mrope", "", "in", f"not importable ({error})"))
@@ -377,7 +378,10 @@ def rope_bench_reading(path, case, graph):
                str(case.kv), "--dtype", case.dtype_name, "--layout", case.layout, "--reps", "30", "--format", "csv",
                *{"packed": ["--packed", f"1..8192:{seq}"], "mrope": ["--mrope", "contiguous"],
                  "table": ["--table"]}.get(case.form, []), *(["--graph"] if graph else [])]
-    done = subprocess.run(command, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"rope-bench failed: {error}"[:200]
     rows = list(csv.DictReader(done.stdout.splitlines()))
     if done.returncode or not rows or rows[0]["status"] != "ok":
         return f"rope-bench failed: {(done.stderr or done.stdout)[-200:]}"
