@@ -481,7 +481,7 @@ def main():
         for row in ROWS:
             if args.only and not any(text in row[0] for text in args.only):
                 continue
-            if args.deadline and time.monotonic() - began > args.deadline:
+            if args.deadline is not None and time.monotonic() - began > args.deadline:
                 print(f"deadline ({args.deadline:.0f} s) passed: {row[0]} and the rows after it not run")
                 break
             case = Case(row, Sets)
