@@ -191,8 +191,8 @@ def peer_makers(stage, nvcc_job):
                 return lambda i: tuple(c.physical(t) for t in liger_mrope(q(i), k(i), *c.cos3, SECTIONS))
             return lambda i: tuple(c.physical(t) for t in liger_rotary_pos_emb(q(i), k(i), c.cos, c.sin))
         makers.append(("Liger-Kernel", f"liger-kernel {importlib.metadata.version('liger-kernel')}", "in", liger))
-    except ImportError as error:
-        makers.append(("Liger-Kernel", "", "in", f"not importable ({error})"))
+    except Exception as error:  # ImportError, or a package that fails while importing.
+        makers.append(("Liger-Kernel", "", "in", f"not importable ({type(error).__name__}: {error})"))
     makers.append(("FlashInfer", *flashinfer_maker(stage, nvcc_job)))
     makers.append(("flash-attn (Triton)", *flash_attn_maker(stage)))
     try:
@@ -208,8 +208,8 @@ def peer_makers(stage, nvcc_job):
             return lambda i: (triton_mrope(flat(c.sets.q[i]), flat(c.sets.k[i]), cos, sin, SECTIONS, c.shape[3],
                                            c.shape[3], False, **neox), (c.sets.q[i], c.sets.k[i]))[1]
         makers.append(("vLLM triton_mrope", f"vllm {vllm.__version__}", "in", vllm_mrope))
-    except ImportError as error:
-        makers.append(("vLLM triton_mrope", "", "in", f"not importable ({error})"))
+    except Exception as error:
+        makers.append(("vLLM triton_mrope", "", "in", f"not importable ({type(error).__name__}: {error})"))
     return makers
 
 
@@ -218,7 +218,7 @@ def flashinfer_maker(stage, nvcc_job):
     try:
         import flashinfer
         version, library = f"flashinfer-python {flashinfer.__version__}", None
-    except ImportError:
+    except Exception:  # Not installed, or installed without what it needs here.
         if nvcc_job is None:
             return "", "in", "not importable, and no staged headers (scripts/stage-peers --flashinfer) or no nvcc"
         version, library = (stage / "flashinfer" / "VERSION").read_text().strip() + ", own launcher", nvcc_job
@@ -286,7 +286,7 @@ def flash_attn_maker(stage):
         from flash_attn.ops.triton.rotary import apply_rotary
         import flash_attn
         version = f"flash-attn {flash_attn.__version__}"
-    except ImportError:
+    except Exception:
         path = stage / "flash_attn_rotary" / "rotary.py"
         if not path.exists():
             return "", "in", "not importable, and no staged rotary.py (scripts/stage-peers --flash-attn)"
