@@ -24,7 +24,7 @@ The method (rope-bench's, bench/timing/timing.hpp), with PyTorch's tools:
   implementation timed once per round, round-robin (the GPU's speed drifts);
 - the copy ceiling: PyTorch's copy of the same bytes (q and k) timed both ways in the same rounds; % of copy is
   against the faster (rope-bench's rule: a slow way of copying never flatters anyone);
-- with --rope-bench, rope-bench's own reading of rope's in-place call on the same row (bench_* columns).
+- where rope-bench is found (--rope-bench), its own reading of rope's in-place call on each row (bench_* columns).
 Writes OUTDIR/peers.csv (stamped with date, device, commit, command) and prints it as a table.
 """
 
@@ -444,7 +444,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="rows: " + "; ".join(
         r[0] for r in ROWS))
     parser.add_argument("outdir")
-    parser.add_argument("--rope-bench", help="rope-bench's path: its reading of rope's in-place call on each row")
+    found = [str(b) for b in (ROOT / "build/gpu/bench/rope-bench", ROOT / "build/default/bench/rope-bench") if b.exists()]
+    parser.add_argument("--rope-bench", default=(found or [shutil.which("rope-bench")])[0],
+                        help="rope-bench, for its reading of rope's in-place call on each row (default: the build's)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: rows " + "; ".join(QUICK) +
                         ", 1 round of 3 batches")
     parser.add_argument("--only", action="append", help="rows whose case names contain this text (repeatable)")
