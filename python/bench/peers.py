@@ -444,7 +444,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="rows: " + "; ".join(
         r[0] for r in ROWS))
     parser.add_argument("outdir")
-    found = [str(b) for b in (ROOT / "build/gpu/bench/rope-bench", ROOT / "build/default/bench/rope-bench") if b.exists()]
+    found = [str(ROOT / "build" / b / "bench/rope-bench") for b in ("gpu", "default")
+             if (ROOT / "build" / b / "bench/rope-bench").exists()]
     parser.add_argument("--rope-bench", default=(found or [shutil.which("rope-bench")])[0],
                         help="rope-bench, for its reading of rope's in-place call on each row (default: the build's)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: rows " + "; ".join(QUICK) +
