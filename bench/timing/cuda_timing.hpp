@@ -51,8 +51,9 @@ enum class GpuClock {
 /// @brief Median microseconds per call of @p launch.
 ///
 /// Warms up with one call on every set, then picks the calls per repetition so that a repetition lasts at
-/// least 1 ms, warms up with 20 ms more of repetitions (the GPU's clocks, after the idle time of allocating
-/// and filling the sets), and times @p reps repetitions with @p clock, each behind a spin. Graph replays hold
+/// least 1 ms, warms up with 20 ms more of repetitions where no measurement ended in the last 100 ms (the
+/// GPU's clocks, after the idle time of allocating and filling the sets), and times @p reps repetitions
+/// with @p clock, each behind a spin. Graph replays hold
 /// a whole number of passes over the sets, so that a set's next visit, even in the next replay, comes after
 /// every other set.
 /// @param sets how many sets the calls rotate through (launch(c) uses set c % sets).
