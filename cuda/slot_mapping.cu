@@ -5,6 +5,7 @@
 // arrays cannot be read before the launch without a copy and a wait. The rules
 // read every entry inside its array, whatever the arrays hold.
 #include <climits>
+#include <initializer_list>
 
 #include "check.hpp"
 #include "pointer_check.hpp"
@@ -38,18 +39,23 @@ struct BlockTableRule {
     }
 };
 
-// Refuses, naming it, an array that is not memory of the current device
-// (cuda/pointer_check.hpp); null for an array with no element to read is fine.
-void check_arrays(std::initializer_list<std::pair<const char*, const void*>> arrays) {
+// Refuses, naming it, an array the kernel will read or write that is not memory
+// of the current device (cuda/pointer_check.hpp); an array with no element to
+// read (`used` false) is not asked about.
+struct Used {
+    const char* name;
+    const void* pointer;
+    bool used;
+};
+void check_arrays(std::initializer_list<Used> arrays) {
     int device = 0;
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    for (const auto& [name, pointer] : arrays)
-        if (pointer != nullptr) cuda_detail::check_device_pointer(name, pointer, device);
+    for (const Used& array : arrays)
+        if (array.used) cuda_detail::check_device_pointer(array.name, array.pointer, device);
 }
 
 template <typename From, typename Rule>
 void launch(const char* name, const From& from, const SlotMappingOutput& to, Rule rule) {
-    if (to.tokens == 0) return;
     constexpr int threads = 256;
     const int64_t blocks = (to.tokens + threads - 1) / threads;
     const unsigned grid = static_cast<unsigned>(blocks < INT_MAX ? blocks : INT_MAX);  // The loop covers the rest.
@@ -61,21 +67,31 @@ void launch(const char* name, const From& from, const SlotMappingOutput& to, Rul
 }  // namespace
 
 void cuda_slot_mapping_from_flashinfer_indptr(const FlashInferAppend& from, const SlotMappingOutput& to) {
-    check_arrays({{"slot_mapping", to.slot_mapping}, {"append_indptr", from.append_indptr},
-                  {"kv_indptr", from.kv_indptr}, {"kv_indices", from.kv_indices},
-                  {"kv_last_page_len", from.kv_last_page_len}});
+    if (to.tokens == 0) return;
+    check_arrays({{"slot_mapping", to.slot_mapping, true},
+                  {"append_indptr", from.append_indptr, true},
+                  {"kv_indptr", from.kv_indptr, true},
+                  {"kv_indices", from.kv_indices, from.kv_indices_size > 0},
+                  {"kv_last_page_len", from.kv_last_page_len, from.batch > 0}});
     launch("slot_mapping_from_flashinfer_indptr", from, to, IndptrRule{});
 }
 
 void cuda_slot_mapping_from_flashinfer_positions(const FlashInferPositions& from, const SlotMappingOutput& to) {
-    check_arrays({{"slot_mapping", to.slot_mapping}, {"batch_indices", from.batch_indices},
-                  {"positions", from.positions}, {"kv_indptr", from.kv_indptr}, {"kv_indices", from.kv_indices}});
+    if (to.tokens == 0) return;
+    check_arrays({{"slot_mapping", to.slot_mapping, true},
+                  {"batch_indices", from.batch_indices, true},
+                  {"positions", from.positions, true},
+                  {"kv_indptr", from.kv_indptr, true},
+                  {"kv_indices", from.kv_indices, from.kv_indices_size > 0}});
     launch("slot_mapping_from_flashinfer_positions", from, to, PositionsRule{});
 }
 
 void cuda_slot_mapping_from_block_table(const BlockTable& from, const SlotMappingOutput& to) {
-    check_arrays({{"slot_mapping", to.slot_mapping}, {"block_table", from.block_table},
-                  {"cache_seqlens", from.cache_seqlens}, {"cu_seqlens_q", from.cu_seqlens_q}});
+    if (to.tokens == 0) return;
+    check_arrays({{"slot_mapping", to.slot_mapping, true},
+                  {"block_table", from.block_table, from.batch > 0 && from.max_blocks_per_seq > 0},
+                  {"cache_seqlens", from.cache_seqlens, from.batch > 0},
+                  {"cu_seqlens_q", from.cu_seqlens_q, true}});
     launch("slot_mapping_from_block_table", from, to, BlockTableRule{});
 }
 

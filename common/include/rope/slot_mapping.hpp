@@ -48,7 +48,10 @@ struct SlotMappingOutput {
 /// n_b = kv_indptr[b+1] - kv_indptr[b] (FlashInfer's get_seq_lens). Its appended
 /// tokens, append_indptr[b] .. append_indptr[b+1] of the step, are the last ones
 /// of that sequence (as get_batch_indices_positions computes). Tokens from
-/// append_indptr[batch] up to `tokens` are padding: slot -1.
+/// append_indptr[batch] up to `tokens` are padding: slot -1. (Followed:
+/// FlashInfer's flashinfer/page.py, get_seq_lens and get_batch_indices_positions,
+/// and include/flashinfer/page.cuh, AppendPagedKVCacheKernel: page
+/// kv_indices[kv_indptr[b] + position / page_size], entry position % page_size.)
 struct FlashInferAppend {
     const int64_t* append_indptr = nullptr;     ///< `[batch + 1]`: 0 first, non-decreasing, last <= tokens.
     const int64_t* kv_indptr = nullptr;         ///< `[batch + 1]`: >= 0, non-decreasing, last <= kv_indices_size.
@@ -63,7 +66,8 @@ struct FlashInferAppend {
 ///
 /// Token t goes to position positions[t] of request batch_indices[t], whose
 /// pages are kv_indices[kv_indptr[b] .. kv_indptr[b+1]); batch index -1 marks a
-/// padding token: slot -1.
+/// padding token: slot -1 (FlashInfer's get_batch_indices_positions fills
+/// batch_indices with -1 where no request's token lies).
 struct FlashInferPositions {
     const int64_t* batch_indices = nullptr;  ///< `[tokens]`: each -1 or in [0, batch).
     const int64_t* positions = nullptr;      ///< `[tokens]`: each >= 0 and below the request's pages * page_size.
@@ -79,7 +83,11 @@ struct FlashInferPositions {
 /// Token j of request b (cu_seqlens_q[b] + j, j < cu_seqlens_q[b+1] -
 /// cu_seqlens_q[b]) goes to position cache_seqlens[b] + j, in page
 /// block_table[b][position / page_size]. Tokens from cu_seqlens_q[batch] up to
-/// `tokens` are padding: slot -1.
+/// `tokens` are padding: slot -1. (Followed: flash-attn's
+/// flash_attn_interface.py, whose flash_attn_with_kvcache writes the new k and v
+/// "starting at the indices specified by cache_seqlens", into pages of
+/// block_table [batch, max_num_blocks_per_seq]; its FlashAttention-3 form in
+/// hopper/ calls the table page_table and takes cu_seqlens_q for a packed q.)
 struct BlockTable {
     const int64_t* block_table = nullptr;    ///< `[batch, max_blocks_per_seq]`, rows `row_stride` apart: page indices.
     int64_t max_blocks_per_seq = 0;          ///< Columns of block_table, >= 0.
