@@ -30,9 +30,9 @@ FrequencyTable agreed_frequencies(const RopeConfig& config, const detail::Positi
     const FrequencyTable at_from = detail::build_frequency_table(config, from.max_position);
     if (at_from.inv_freq != at_to.inv_freq || at_from.inv_freq_low != at_to.inv_freq_low)
         fail("scaling.type", scaling_type_name(config.scaling.type),
-             "gives positions reaching " + std::to_string(from.max_position) + " (from) other frequencies than " +
-                 std::to_string(to.max_position) +
-                 " (to): no rotation by a position difference turns one into the other; undo the rotation with "
+             "its frequencies for from (largest position + 1 = " + std::to_string(from.max_position) +
+                 ") differ from those for to (" + std::to_string(to.max_position) +
+                 "), and no rotation by a position difference turns one into the other: undo the rotation with "
                  "rope::apply (Direction::inverse, at from), then rotate at to with rope::apply");
     return at_to;
 }
