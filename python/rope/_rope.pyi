@@ -245,3 +245,8 @@ def apply(backend: str, config: RopeConfig, q: object | None, k: object | None, 
     """
     One rope::apply call on DLPack arrays (all positional; rope.apply is the documented entry point).
     """
+
+def rerotate(backend: str, config: RopeConfig, k: object | None, k_out: object | None, layout: str, from_offset: int, from_ids: object | None, from_max_position: int, to_offset: int, to_ids: object | None, to_max_position: int, stream: int, bfloat16_bits: int) -> None:
+    """
+    One rope::rerotate call on DLPack arrays (all positional; rope.rerotate is the documented entry point).
+    """
