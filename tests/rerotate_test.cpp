@@ -15,6 +15,8 @@
 
 #include "backend_tags.hpp"
 #include "oracle.hpp"
+#include "rope/detail/pair_step.hpp"
+#include "rope/detail/plan.hpp"
 #include "rope/rerotate.hpp"
 #include "support.hpp"
 
@@ -442,3 +444,42 @@ TEST_CASE_TEMPLATE_DEFINE("rerotate: bad input names the parameter and writes no
     }
 }
 TEST_CASE_TEMPLATE_APPLY(rerotate_bad_input, AllBackends);
+
+namespace {
+// A backend that only records the plan it is handed.
+class PlanRecorder final : public rope::Backend {
+public:
+    std::string name() const override { return "plan-recorder"; }
+    rope::Device device() const override { return rope::Device::host; }
+    void run(const rope::Plan& plan) override { plans.push_back(plan); }
+    std::vector<rope::Plan> plans;
+};
+}  // namespace
+
+TEST_CASE("a re-rotation's plan: relative positions, the precise angle path, no scale; apply's plans are not relative") {
+    PlanRecorder recorder;
+    rope::RopeConfig config{.head_dim = 64};
+    config.scaling = rope::Scaling{.type = rope::ScalingType::yarn, .factor = 4.0, .original_max_position_embeddings = 512};
+    Rerotation r = make_rerotation(config, rope::DType::f32, rope::Layout::bhsd, {1, 2, 6, 64});
+    r.from.offset = 100;
+    set_ids(r.to, {5, 4, 3, 2, 1, 0}, 1);
+    run(recorder, r);
+    rope::TensorView no_q = r.k.view;
+    no_q.shape[1] = 0;
+    rope::RopeArgs call = rope::RopeArgs::in_place(no_q, r.k.view, r.to.positions());
+    rope::apply(recorder, config, call);
+    REQUIRE(recorder.plans.size() == 2);
+    const rope::Plan& moved = recorder.plans[0];
+    CHECK(moved.positions.relative);
+    CHECK(moved.angles.precise);
+    // cuda-optimized's default-angle kernel, which never reads `from`, is chosen only where this holds.
+    CHECK_FALSE(rope::default_angle_only(moved.angles));
+    CHECK(moved.angles.cos_scale == 1.0f);  // yarn's attention factor is not applied again.
+    CHECK(moved.angles.sin_scale == 1.0f);
+    CHECK(moved.q.in_geometry.heads == 0);
+    for (int64_t s = 0; s < 6; ++s) CHECK(moved.positions.at(0, s) == (5 - s) - (100 + s));
+    const rope::Plan& applied = recorder.plans[1];
+    CHECK_FALSE(applied.positions.relative);
+    CHECK(rope::default_angle_only(applied.angles));
+    CHECK(applied.angles.cos_scale != 1.0f);
+}
