@@ -260,3 +260,8 @@ def slot_mapping_from_block_table(block_table: object, cache_seqlens: object, cu
     """
     rope::slot_mapping_from_block_table on int64 DLPack arrays (rope.slot_mapping_from_block_table is the documented entry point).
     """
+
+def rerotate(backend: str, config: RopeConfig, k: object | None, k_out: object | None, layout: str, from_offset: int, from_ids: object | None, from_max_position: int, to_offset: int, to_ids: object | None, to_max_position: int, stream: int, bfloat16_bits: int) -> None:
+    """
+    One rope::rerotate call on DLPack arrays (all positional; rope.rerotate is the documented entry point).
+    """

@@ -24,6 +24,7 @@
 #include "rope/frequency_table.hpp"
 #include "rope/position_ids.hpp"
 #include "rope/positions.hpp"
+#include "rope/rerotate.hpp"
 #include "rope/rotation.hpp"
 #include "rope/slot_mapping.hpp"
 #include "rope/tensor.hpp"
