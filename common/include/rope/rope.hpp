@@ -21,6 +21,7 @@
 #include "rope/dtype.hpp"
 #include "rope/error.hpp"
 #include "rope/frequency_table.hpp"
+#include "rope/kv_append.hpp"
 #include "rope/position_ids.hpp"
 #include "rope/positions.hpp"
 #include "rope/rotation.hpp"
