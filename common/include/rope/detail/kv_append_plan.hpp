@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "rope/detail/plan.hpp"
+#include "rope/dtype.hpp"
 #include "rope/host_device.hpp"
 #include "rope/kv_append.hpp"
 #include "rope/tensor.hpp"
@@ -74,6 +75,29 @@ struct KvAppendPlan {
         return slot >= 0 && slot < slot_limit ? slot : -1;
     }
 };
+
+/// @brief Writes feature @p offset of a cache row: the one store every backend shares.
+///
+/// A model-dtype cache receives @p stored, exactly what the backend writes to
+/// k_out (or the v element itself); an FP8 cache receives quantize_fp8 of
+/// @p value, the float32 value before any rounding to the model dtype.
+/// @tparam Storage the model dtype's element type.
+/// @param cache the cache.
+/// @param offset element offset (CacheTarget::row_offset + feature).
+/// @param head the row's head (selects a per-head scale).
+/// @param stored the value in the model dtype.
+/// @param value the float32 value @p stored was rounded from.
+template <typename Storage>
+ROPE_HOST_DEVICE inline void store_cache_element(const CacheTarget& cache, int64_t offset, int64_t head,
+                                                 Storage stored, float value) {
+    if (cache.dtype == CacheDType::model) {
+        static_cast<Storage*>(cache.data)[offset] = stored;
+        return;
+    }
+    // FP8 caches arrive with rope/fp8.hpp (make_kv_append_plan refuses them until then).
+    (void)head;
+    (void)value;
+}
 
 /// @brief Validates @p args against @p config for a backend on @p device and builds the plan.
 ///
