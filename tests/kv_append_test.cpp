@@ -608,7 +608,10 @@ TEST_CASE("append_kv rejects bad input, naming the parameter, and writes nothing
          [](Setup& s, rope::KvAppendArgs& a) { s.spare = testing::make_packed(rope::DType::bf16, {7, 2, 32}), a.v = s.spare.view; }},
         {"v.device = cuda", [](Setup&, rope::KvAppendArgs& a) { a.v.device = rope::Device::cuda; }},
         {"v.data = null", [](Setup&, rope::KvAppendArgs& a) { a.v.data = nullptr; }},
-        {"v feature stride = 2", [](Setup&, rope::KvAppendArgs& a) { a.v.strides = {128, 64, 2, 1}; }},
+        {"v feature stride = 2",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.spare = testing::make_packed(s.shape.dtype, {7, 2, 32}, 0, 2), a.v = s.spare.view;
+         }},
         {"k_out.data", [](Setup&, rope::KvAppendArgs& a) { a.k_out = a.v; }},
         {"q batch = 7",
          [](Setup&, rope::KvAppendArgs& a) {
@@ -620,11 +623,14 @@ TEST_CASE("append_kv rejects bad input, naming the parameter, and writes nothing
              }
          }},
         {"k heads = 0", [](Setup&, rope::KvAppendArgs& a) { a.k.shape[1] = a.k_out.shape[1] = 0; }},
-        {"q feature stride = 2", [](Setup&, rope::KvAppendArgs& a) { a.q.strides = {256, 64, 2, 1}; }},
+        {"q feature stride = 2",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.spare = testing::make_packed(s.shape.dtype, {7, 4, 32}, 0, 2), a.q = s.spare.view;
+         }},
         {"positions.offset = -1", [](Setup&, rope::KvAppendArgs& a) { a.positions.offset = -1; }},
     };
     for (const Bad& bad : cases) {
-        CAPTURE(bad.parameter);
+        CAPTURE(std::string(bad.parameter));
         Setup s = make_setup(config_of(32), shape);
         rope::KvAppendArgs a = s.args();
         bad.spoil(s, a);
