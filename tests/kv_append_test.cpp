@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "rope/detail/kv_append_plan.hpp"
 #include "rope/error.hpp"
 #include "rope/kv_append.hpp"
+#include "fp8_reference.hpp"
 #include "support.hpp"
 
 using testing::HostTensor;
@@ -58,6 +60,9 @@ struct Shape {
     int64_t padding = 2;    // Tokens among the first slot_count with slot -1.
     int64_t tail = 1;       // Tokens past slot_count (padding too).
     int64_t q_pad = 0;      // Unused elements after each row of q, k, v (strided views).
+    rope::CacheDType cache_dtype = rope::CacheDType::model;  // Of both caches.
+    float scale = 1.0f;     // FP8: the dequantisation scale of head 0 (head h: scale * (1 + 0.37 h) per head).
+    bool per_head_scales = false;
 };
 
 // A call on host memory. Both caches live in one byte buffer (they may interleave).
@@ -74,6 +79,7 @@ struct Setup {
     int64_t k_offset = -1, v_offset = -1;  // Bytes into cache_bytes, or -1: data used as it is.
     std::vector<float> table;
     int64_t table_rows = 0;
+    std::vector<float> k_scales, v_scales;  // FP8 caches: 1 or heads scales each.
     float scale_value = 1.0f;  // A scale for tests that need one.
     HostTensor spare;          // A replacement tensor for tests that need one.
 
@@ -89,6 +95,8 @@ struct Setup {
         rope::PagedCache c = keys ? k_cache : v_cache;
         const int64_t offset = keys ? k_offset : v_offset;
         if (offset >= 0) c.data = const_cast<uint8_t*>(cache_bytes.data()) + offset;
+        const std::vector<float>& scales = keys ? k_scales : v_scales;
+        if (!scales.empty()) c.scale = scales.data(), c.scale_count = int64_t(scales.size());
         return c;
     }
     rope::KvAppendArgs args() const {
@@ -121,7 +129,9 @@ std::vector<int64_t> random_slots(const Shape& shape, std::mt19937_64& rng) {
 }
 
 // Element size of a model-dtype cache.
-int64_t element_of(const Setup& s) { return rope::dtype_size(s.shape.dtype); }
+int64_t element_of(const Setup& s) {
+    return s.shape.cache_dtype == rope::CacheDType::model ? rope::dtype_size(s.shape.dtype) : 1;
+}
 
 void build_caches(Setup& s) {
     const Shape& n = s.shape;
@@ -138,11 +148,15 @@ void build_caches(Setup& s) {
             void* k_data = s.cache_bytes.data();
             void* v_data = s.cache_bytes.data() + k_elements * e + 32;
             if (n.layout == CacheLayout::hnd) {
-                s.k_cache = rope::PagedCache::hnd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row);
-                s.v_cache = rope::PagedCache::hnd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row);
+                s.k_cache = rope::PagedCache::hnd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row,
+                                                  n.cache_dtype);
+                s.v_cache = rope::PagedCache::hnd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row,
+                                                  n.cache_dtype);
             } else {
-                s.k_cache = rope::PagedCache::nhd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row);
-                s.v_cache = rope::PagedCache::nhd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row);
+                s.k_cache = rope::PagedCache::nhd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row,
+                                                  n.cache_dtype);
+                s.v_cache = rope::PagedCache::nhd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row,
+                                                  n.cache_dtype);
             }
             if (n.layout == CacheLayout::strided_pages) {  // 13 unused elements after every page.
                 s.k_cache.stride_page += 13;
@@ -154,7 +168,7 @@ void build_caches(Setup& s) {
             REQUIRE(n.v_dim == n.head_dim);
             s.cache_bytes.assign(size_t(n.pages * n.page_size * n.kv_heads * 2 * k_row * e), 0);
             s.k_cache = rope::PagedCache::nhd(s.cache_bytes.data(), rope::Device::host, n.pages, n.page_size,
-                                              n.kv_heads, k_row);
+                                              n.kv_heads, k_row, n.cache_dtype);
             s.k_cache.stride_head = 2 * k_row;
             s.k_cache.stride_slot = n.kv_heads * 2 * k_row;
             s.k_cache.stride_page = n.page_size * n.kv_heads * 2 * k_row;
@@ -166,10 +180,16 @@ void build_caches(Setup& s) {
             REQUIRE(n.kv_heads == 1);
             s.cache_bytes.assign(size_t(n.pages * n.page_size * (n.head_dim + n.v_dim) * e), 0);
             const rope::MlaCache mla = rope::mla_cache(s.cache_bytes.data(), n.dtype, rope::Device::host, n.pages,
-                                                       n.page_size, n.v_dim, n.head_dim);
+                                                       n.page_size, n.v_dim, n.head_dim, n.cache_dtype);
             s.k_cache = mla.k_cache;
             s.v_cache = mla.v_cache;
             break;
+        }
+    }
+    if (n.cache_dtype != rope::CacheDType::model) {
+        for (int64_t h = 0; h < (n.per_head_scales ? n.kv_heads : 1); ++h) {
+            s.k_scales.push_back(n.scale * (1.0f + 0.37f * float(h)));
+            s.v_scales.push_back(n.scale * (1.7f + 0.37f * float(h)));
         }
     }
     s.k_offset = static_cast<uint8_t*>(s.k_cache.data) - s.cache_bytes.data();
@@ -227,6 +247,8 @@ void run_append(rope::Backend& backend, Setup& s) {
     add(s.slots.data(), s.slots.size() * 8);
     add(s.cache_bytes.data(), s.cache_bytes.size());
     add(s.table.data(), s.table.size() * 4);
+    add(s.k_scales.data(), s.k_scales.size() * 4);
+    add(s.v_scales.data(), s.v_scales.size() * 4);
     auto moved = [&](const void* pointer) -> void* {
         for (Region& r : regions) {
             const auto* base = static_cast<const uint8_t*>(r.host);
@@ -292,7 +314,7 @@ void check_ulp(const std::vector<double>& got, const std::vector<double>& want, 
         if (!(std::fabs(got[i] - want[i]) <= ulp_of(want[i], dtype) + pipeline)) {
             if (bad++ == 0) first = i;
         }
-    INFO(what << ": " << bad << " of " << got.size() << " elements off by more than one ulp + " << pipeline
+    INFO(std::string(what) << ": " << bad << " of " << got.size() << " elements off by more than one ulp + " << pipeline
               << (bad ? " (first: element " + std::to_string(first) + ", got " + std::to_string(got[first]) +
                             ", want " + std::to_string(want[first]) + ")"
                       : std::string()));
@@ -317,20 +339,46 @@ void check_append(rope::Backend& backend, Setup s) {
     std::vector<uint8_t> expected_untouched = before.cache_bytes;
     const int64_t e = element_of(s);
     auto check_cache = [&](const rope::PagedCache& cache, const rope::PagedCache& cache_before,
-                           const std::vector<oracle::CacheWrite>& writes, const char* what) {
+                           const std::vector<oracle::CacheWrite>& writes, const char* what, bool keys) {
         std::vector<double> got, expected;
         const size_t offset = size_t(static_cast<uint8_t*>(cache.data) - s.cache_bytes.data());
         REQUIRE(offset == size_t(static_cast<uint8_t*>(cache_before.data) - before.cache_bytes.data()));
+        long fp8_wrong = 0, fp8_not_own = 0;
         for (const oracle::CacheWrite& w : writes) {
-            got.push_back(cache_value(s, cache, w.index));
-            expected.push_back(w.value);
             // Mark the written bytes as they are now, so the comparison below skips them.
-            std::memcpy(expected_untouched.data() + offset + size_t(w.index * e), s.cache_bytes.data() + offset + size_t(w.index * e), size_t(e));
+            std::memcpy(expected_untouched.data() + offset + size_t(w.index * e),
+                        s.cache_bytes.data() + offset + size_t(w.index * e), size_t(e));
+            if (cache.dtype == rope::CacheDType::model) {
+                got.push_back(cache_value(s, cache, w.index));
+                expected.push_back(w.value);
+                continue;
+            }
+            const rope::Fp8Format format =
+                cache.dtype == rope::CacheDType::e4m3fn ? rope::Fp8Format::e4m3fn : rope::Fp8Format::e5m2;
+            const uint8_t code = s.cache_bytes[offset + size_t(w.index)];
+            const double scale = cache.scale[cache.scale_count == 1 ? 0 : w.head];
+            // Against the oracle: the reference code of the exact value, or (where the float32
+            // pipeline's error, and the float32 division's, could cross a rounding boundary) of
+            // a value that far from it.
+            const double slack = (keys ? pipeline : 0.0) + std::fabs(w.value) * 0x1p-22;
+            const uint8_t exact = testing::reference_fp8(w.value / scale, format);
+            if (code != exact && code != testing::reference_fp8((w.value - slack) / scale, format) &&
+                code != testing::reference_fp8((w.value + slack) / scale, format))
+                ++fp8_wrong;
+            if (keys && s.shape.dtype != rope::DType::f32) continue;
+            // Bit-exact against the backend's own float32 value (k_out of an fp32 call holds it
+            // unrounded; v is exact): quantize_fp8's definition, float32 division then one rounding.
+            const float own = float(oracle::read(keys ? s.k_result().view : s.v.view, 0, w.head, w.token, w.feature));
+            if (code != testing::reference_fp8(double(own / float(scale)), format)) ++fp8_not_own;
         }
-        check_ulp(got, expected, s.shape.dtype, pipeline, what);
+        if (cache.dtype == rope::CacheDType::model) check_ulp(got, expected, s.shape.dtype, pipeline, what);
+        INFO(std::string(what) << ": " << fp8_wrong << " of " << writes.size() << " FP8 codes differ from the reference");
+        CHECK(fp8_wrong == 0);
+        INFO(std::string(what) << ": " << fp8_not_own << " FP8 codes are not the reference's of the backend's own float32 value");
+        CHECK(fp8_not_own == 0);
     };
-    check_cache(s.cache(true), before.cache(true), want.k_cache, "k_cache rows");
-    check_cache(s.cache(false), before.cache(false), want.v_cache, "v_cache rows");
+    check_cache(s.cache(true), before.cache(true), want.k_cache, "k_cache rows", true);
+    check_cache(s.cache(false), before.cache(false), want.v_cache, "v_cache rows", false);
     size_t changed = 0;
     for (size_t i = 0; i < s.cache_bytes.size(); ++i) changed += s.cache_bytes[i] != expected_untouched[i];
     INFO("cache bytes written outside the slots' rows: " << changed);
@@ -424,6 +472,73 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: every angle form (partial rotary, M-RoPE i
     }
 }
 TEST_CASE_TEMPLATE_APPLY(angles, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv: FP8 caches (e4m3fn, e5m2), per-tensor and per-head scales, bit-exact", B, fp8) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (rope::CacheDType format : {rope::CacheDType::e4m3fn, rope::CacheDType::e5m2})
+        for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16, rope::DType::f16})
+            for (bool per_head : {false, true})
+                for (CacheLayout layout : {CacheLayout::nhd, CacheLayout::packed_kv}) {
+                    CAPTURE(rope::cache_dtype_name(format));
+                    CAPTURE(per_head);
+                    Shape shape;
+                    shape.dtype = dtype;
+                    shape.layout = layout;
+                    shape.cache_dtype = format;
+                    shape.scale = 0.0123f;  // Not a power of two: x / s rounds as its own quotient.
+                    shape.per_head_scales = per_head;
+                    shape.tokens = 12;
+                    shape.tail = 2;
+                    check_append(*backend, make_setup(config_of(32, 24), shape));
+                }
+    // MLA with an FP8 cache.
+    Shape shape;
+    shape.layout = CacheLayout::mla;
+    shape.cache_dtype = rope::CacheDType::e4m3fn;
+    shape.dtype = rope::DType::bf16;
+    shape.kv_heads = 1;
+    shape.head_dim = 64;
+    shape.v_dim = 512;
+    shape.scale = 0.02f;
+    check_append(*backend, make_setup(config_of(64, 0, rope::Style::interleaved), shape));
+}
+TEST_CASE_TEMPLATE_APPLY(fp8, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: FP8 saturates (scale != 1): overflow gives +-max, never inf or NaN", B,
+                          fp8_saturation) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // Inputs up to 2 in magnitude (rotated: up to 2.83) over scales that put most of them past
+    // the format's largest finite value (448 for e4m3fn, 57344 for e5m2).
+    for (auto [format, scale, max_code] : {std::tuple{rope::CacheDType::e4m3fn, 1.0f / 1024, uint8_t(0x7e)},
+                                           std::tuple{rope::CacheDType::e5m2, 1.0f / 65536 / 3, uint8_t(0x7b)}}) {
+        CAPTURE(rope::cache_dtype_name(format));
+        Shape shape;
+        shape.cache_dtype = format;
+        shape.scale = scale;
+        shape.padding = shape.tail = 0;
+        Setup s = make_setup(config_of(32), shape);
+        check_append(*backend, s);  // Codes equal to the saturating reference's.
+        run_append(*backend, s);    // Once more, to count the codes.
+        long saturated = 0, not_finite = 0;
+        for (int64_t slot : s.slots)
+            for (int64_t h = 0; h < shape.kv_heads; ++h)
+                for (bool keys : {true, false}) {
+                    const rope::PagedCache c = s.cache(keys);
+                    const int64_t row = (slot / c.page_size) * c.stride_page + (slot % c.page_size) * c.stride_slot +
+                                        h * c.stride_head;
+                    for (int64_t d = 0; d < c.head_dim; ++d) {
+                        const uint8_t code = static_cast<uint8_t*>(c.data)[row + d] & 0x7f;
+                        saturated += code == max_code;
+                        not_finite += format == rope::CacheDType::e4m3fn ? code == 0x7f : code >= 0x7c;
+                    }
+                }
+        CHECK(saturated > 100);
+        CHECK(not_finite == 0);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(fp8_saturation, AllBackends);
 
 TEST_CASE_TEMPLATE_DEFINE("append_kv bug: the rotated k is written back to the live k, not only to the cache", B,
                           written_back) {
@@ -628,6 +743,32 @@ TEST_CASE("append_kv rejects bad input, naming the parameter, and writes nothing
              s.spare = testing::make_packed(s.shape.dtype, {7, 4, 32}, 0, 2), a.q = s.spare.view;
          }},
         {"positions.offset = -1", [](Setup&, rope::KvAppendArgs& a) { a.positions.offset = -1; }},
+        {"k_cache.scale = null", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.dtype = rope::CacheDType::e4m3fn; }},
+        {"v_cache.scale_count = 3",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales.assign(3, 0.5f);
+             a.v_cache.dtype = rope::CacheDType::e5m2, a.v_cache.scale = s.k_scales.data(), a.v_cache.scale_count = 3;
+         }},
+        {"k_cache.scale[1] = 0",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {0.5f, 0.0f};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 2;
+         }},
+        {"k_cache.scale[0] = -1",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {-1.0f};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
+         }},
+        {"k_cache.scale[0] = nan",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {NAN};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
+         }},
+        {"k_cache.scale[0] = inf",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {INFINITY};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
+         }},
     };
     for (const Bad& bad : cases) {
         CAPTURE(std::string(bad.parameter));

@@ -62,6 +62,8 @@ std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorVie
 struct CacheWrite {
     long index;    // Element of the cache (in the cache's own element size).
     long head;     // Its head (for per-head scales).
+    long token;    // The token and feature it holds.
+    long feature;
     double value;  // The exact value written there.
 };
 struct Appended {
