@@ -644,6 +644,27 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv bug: positions past the cos/sin table are r
 }
 TEST_CASE_TEMPLATE_APPLY(table_bounds, AllBackends);
 
+TEST_CASE_TEMPLATE_DEFINE("append_kv: a slot past the cache is refused on the host, skipped on a device", B,
+                          slot_bounds) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    Shape shape;
+    shape.padding = shape.tail = 0;
+    Setup s = make_setup(config_of(32), shape);
+    s.slots[2] = shape.pages * shape.page_size + 5;  // Past the cache.
+    if (backend->device() == rope::Device::host) {
+        const std::vector<uint8_t> cache = s.cache_bytes;
+        CHECK_THROWS_WITH_AS(rope::append_kv(*backend, s.config, s.args()),
+                             doctest::Contains("slot_mapping.slots[2] = 29"), rope::Error);
+        CHECK(s.cache_bytes == cache);
+    } else {
+        // Device slots cannot be read before the launch: the token is rotated, written nowhere
+        // in the caches (the oracle's rule too), and every other token is cached.
+        check_append(*backend, s);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(slot_bounds, AllBackends);
+
 TEST_SUITE("large") {
 TEST_CASE_TEMPLATE_DEFINE("append_kv bug: 64-bit offsets, a slot past 2^31 elements of the cache", B, large_offsets) {
     auto backend = testing::backend_or_skip(B::name);
