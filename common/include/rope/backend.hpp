@@ -11,11 +11,13 @@
 
 #include "rope/args.hpp"
 #include "rope/config.hpp"
+#include "rope/kv_append.hpp"
 #include "rope/tensor.hpp"
 
 namespace rope {
 
 struct Plan;  // A validated call (rope/detail/plan.hpp): what backends run, built by rope::apply().
+struct KvAppendPlan;  // A validated RoPE + KV append (rope/detail/kv_append_plan.hpp), built by rope::append_kv().
 
 /// @brief What a backend can run, declared once; rope::apply() checks every call against it.
 struct BackendLimits {
@@ -56,6 +58,11 @@ public:
     /// without synchronising.
     /// @param plan a validated, non-empty call, built by make_plan() for this backend's device().
     virtual void run(const Plan& plan) = 0;
+    /// @brief Executes a RoPE + KV append (rope::append_kv). Device backends enqueue on
+    /// plan.rope.stream and return without synchronising. Every built-in backend overrides it;
+    /// the default refuses the call with a rope::Error naming the backend.
+    /// @param plan a validated, non-empty call, built by make_kv_append_plan() for this backend's device().
+    virtual void run_kv_append(const KvAppendPlan& plan);
 };
 
 /// @brief What the registry knows about one backend.
