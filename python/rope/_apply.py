@@ -73,10 +73,9 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
     """
     if not isinstance(config, Config):
         raise _fail("config", type(config).__name__, "must be a rope.Config")
-    torch = sys.modules.get("torch")  # Loaded when any array is a PyTorch tensor.
-    if torch is not None and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)):
-        _refuse_autograd(torch, q, "q")
-        _refuse_autograd(torch, k, "k")
+    if getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False):
+        _refuse_autograd(q, "q")
+        _refuse_autograd(k, "k")
     if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
         raise _fail("out", type(out).__name__, "must be a pair (q_out, k_out)")
     result = (q, k) if out is None else tuple(out)
@@ -100,8 +99,9 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
         handle = _stream_handle(stream)
         arrays = [_export_for_stream(a, handle) for a in arrays]
     else:
-        handle = _current_stream(torch, q)
+        handle = _current_stream(q)
 
+    torch = sys.modules.get("torch")  # Loaded when any array is a PyTorch tensor.
     bits = 0
     for i, array in enumerate(arrays):
         if array is None:
@@ -137,9 +137,9 @@ def list_backends() -> list:
     return _rope.list_backends()
 
 
-def _refuse_autograd(torch: Any, tensor: Any, name: str) -> None:
+def _refuse_autograd(tensor: Any, name: str) -> None:
     """A PyTorch tensor that autograd tracks would silently lose its gradient here: refuse it."""
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+    if getattr(tensor, "requires_grad", False) and sys.modules["torch"].is_grad_enabled():
         raise _fail(name, "a tensor that requires grad",
                     "rope.apply is not differentiable: use rope.ops.rope (its backward is the inverse rotation), "
                     "or call rope.apply under torch.no_grad()")
@@ -209,8 +209,9 @@ def _stream_handle(stream: Any) -> int:
     raise _fail("stream", type(stream).__name__, "must be an int handle, a torch.cuda.Stream or a cupy Stream")
 
 
-def _current_stream(torch: Any, q: Any) -> int:
+def _current_stream(q: Any) -> int:
     """The stream the framework that made ``q`` is working on, so rope's kernel follows its work."""
+    torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
         if not q.is_cuda:
             return 0
