@@ -188,8 +188,10 @@ def _as_rope_error(call, *arguments):
         raise _rope.Error(str(error).split("\n")[0]) from None
 
 
-# rope_'s fast way into the C++ kernel in eager code (python/torch_ops/eager.cpp), where the library is loaded.
+# rope_'s and rope's fast ways into the C++ kernel in eager code (python/torch_ops/eager.cpp), where the
+# library is loaded.
 _eager_entry = None if _cpp_operator is None else _cpp_operator.rope_
+_eager_functional = None if _cpp_operator is None else _cpp_operator.rope
 
 
 def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None, *, layout: Optional[str] = None,
@@ -225,6 +227,14 @@ def rope(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None, 
 
     Returns (q_rotated, k_rotated), k_rotated None when k is None. Arguments as rope_.
     """
+    # Aside: as rope_'s, in plain eager code with the C++ library loaded, where autograd records
+    # nothing (no input requires grad, or grad mode is off): the operator's kernel without the
+    # dispatcher and the Python autograd wrapper it would pass through (python/torch_ops/eager.cpp).
+    if _eager_functional is not None and not torch.compiler.is_compiling():
+        outputs = _eager_functional(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse,
+                                    backend, max_position)
+        if outputs is not None:
+            return outputs
     arguments = _arguments(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
                            max_position)
     q_out, k_out = _as_rope_error(torch.ops.rope.apply, *arguments)

@@ -94,7 +94,9 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
 
 /// @brief Validates the call and runs it on @p backend: the library's main entry point.
 ///
-/// An empty tensor is a valid no-op. On error nothing is written.
+/// An empty tensor is a valid no-op. On error nothing is written. The frequency table of
+/// @p config is built on its first call and kept for the calls that follow (a bounded cache
+/// shared by all threads; see the concurrency section of the API guide).
 /// @param backend the backend that runs the call; its device() must be where the tensors live.
 /// @param config the model's RoPE: pairing style, dimensions, base and scaling.
 /// @param args the tensors, positions, direction and stream of this call.
