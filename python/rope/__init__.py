@@ -14,18 +14,23 @@ operators torch.ops.rope.apply_ (in place) and torch.ops.rope.apply
 (functional, differentiable, torch.compile-able). rope.hf (also on first use)
 patches a HuggingFace transformers model to use them for its RoPE.
 
+rope.append_kv rotates q and k and appends the rotated k and v to paged KV
+caches at each token's slot (a serving engine's decode step, FP8 caches too);
+rope.ops.append_kv_ is the same call as a PyTorch operator.
+
 Errors are rope.Error, a ValueError whose message names the argument and its
 value; when one is raised, nothing has been written.
 """
 
 from . import _rope
+from ._append import append_kv
 from ._apply import apply, list_backends
 from ._config import Config
 
 Error = _rope.Error
 BackendInfo = _rope.BackendInfo
 
-__all__ = ["Config", "Error", "BackendInfo", "apply", "list_backends", "ops", "hf"]
+__all__ = ["Config", "Error", "BackendInfo", "apply", "append_kv", "list_backends", "ops", "hf"]
 __version__ = "0.1.0"
 
 
