@@ -1,4 +1,5 @@
-"""rope as PyTorch operators: torch.ops.rope.apply_ (in place) and torch.ops.rope.apply (functional).
+"""rope as PyTorch operators: torch.ops.rope.apply_ (in place), torch.ops.rope.apply (functional) and
+torch.ops.rope.append_kv_ (RoPE + paged KV append, in place; see the end of this file).
 
 Importing this module (``rope.ops``; ``import rope`` alone never imports torch)
 registers two operators, in the shape of a PyTorch C++ extension

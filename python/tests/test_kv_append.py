@@ -267,6 +267,18 @@ def test_operator_equals_numpy_call_and_mutates_in_place():
     assert all(t._version > before for t, before in zip((q, k, k_cache, v_cache), versions))
 
 
+def test_operator_opcheck():
+    """PyTorch's own check of a custom operator: schema (the declared mutations), fake implementation,
+    dispatch under functionalization and autograd."""
+    import rope.ops
+    q, k, v = torch_inputs(75)
+    k_cache = torch.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), float("nan"))
+    arguments = (q, k, v, k_cache, k_cache.clone(), torch.from_numpy(permuted_slots(TOKENS, 11)), CONFIG.key, 0,
+                 torch.from_numpy(POSITIONS), None, None, None, "nhd", "", "", 0)
+    torch.library.opcheck(torch.ops.rope.append_kv_.default, arguments,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
 def test_operator_compiles_without_graph_break():
     import rope.ops
     q, k, v = torch_inputs(80)
