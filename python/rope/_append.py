@@ -52,7 +52,9 @@ def append_kv(q: Any, k: Any, v: Any, config: Config, positions: Union[None, int
             offset, offset + 1, ...) or integer ids [tokens] (or [axes, tokens]
             for M-RoPE), any integer dtype, converted to int64 where needed.
         slot_mapping: integer slots [T_w <= tokens]: page * page_size + offset
-            in page; < 0 is padding.
+            in page; < 0 is padding. rope.slot_mapping_from_flashinfer_indptr,
+            _from_flashinfer_positions and _from_block_table make it from
+            FlashInfer's and flash-attn's page metadata.
         k_cache, v_cache: the caches, any strides (the last axis contiguous):
             [pages, page_size, heads, head_dim] with kv_layout "nhd", or
             [pages, heads, page_size, head_dim] with "hnd"; a packed [K|V] buffer

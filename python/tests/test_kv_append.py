@@ -190,6 +190,28 @@ def test_fp8_cache_bit_exact(backend, fmt, per_head):
     assert np.all(v_cache.reshape(PAGES * PAGE_SIZE, -1)[~written] == poison)
 
 
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_slot_mapping_from_block_table_feeds_append(backend):
+    """flash-attn's page metadata through rope.slot_mapping_from_block_table, then append_kv: each request's
+    new tokens land at the rows its block table names, rotated at the positions after its cached tokens."""
+    block_table = np.array([[4, 1, 0], [2, 5, 3]])          # request b's pages, in order
+    cache_seqlens = np.array([5, 2])                         # tokens already cached
+    cu_seqlens_q = np.array([0, 3, 7])                       # this step: 3 and 4 new tokens
+    slots = rope.slot_mapping_from_block_table(block_table, cache_seqlens, cu_seqlens_q, page_size=PAGE_SIZE,
+                                               pages=PAGES)
+    positions = np.concatenate([np.arange(5, 8), np.arange(2, 6)])  # the angle: position in its request
+    q, k, v, dt = inputs("float32", 45)
+    k0 = k.astype(np.float64)
+    k_cache, v_cache, _, _ = cache_views("nhd", dt)
+    rope.append_kv(q, k, v, CONFIG, positions, slots, k_cache, v_cache, backend=backend)
+    want_k = rotated(k0, positions)
+    for t, (b, position) in enumerate([(0, 5), (0, 6), (0, 7), (1, 2), (1, 3), (1, 4), (1, 5)]):
+        page, row = block_table[b, position // PAGE_SIZE], position % PAGE_SIZE  # written from the definition
+        assert max_abs(k_cache[page, row], want_k[t]) <= TOLERANCE["float32"][1], t
+        assert np.array_equal(v_cache[page, row], v[t]), t
+    assert np.isnan(k_cache).sum() == (PAGES * PAGE_SIZE - TOKENS) * KV_HEADS * DIM
+
+
 def test_fp8_reference_saturates():
     """The test's own reference: the boundaries the issue names (448/464/465, 57344/61440), NaN, inf, subnormals."""
     from fp8_oracle import quantize
