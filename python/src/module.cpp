@@ -4,7 +4,8 @@
 // (RopeConfig, Scaling, BackendInfo), arrays cross through DLPack without a
 // copy (dlpack_views.hpp), and one function, apply(), imports them, has
 // call_args.hpp check them and assemble rope::RopeArgs (the code the PyTorch
-// operator in python/torch_ops/ shares) and calls rope::apply. What is Python's business (HuggingFace dicts, keyword
+// operator in python/torch_ops/ shares) and calls rope::apply; append_kv() does the same for
+// rope::append_kv through kv_append_args.hpp. What is Python's business (HuggingFace dicts, keyword
 // defaults, streams of PyTorch and CuPy, bfloat16 NumPy arrays) lives in the
 // pure-Python package rope/ on top of it.
 #include <optional>
