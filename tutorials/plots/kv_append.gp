@@ -6,12 +6,13 @@
 # chapter's page always has its figure.
 here = system("dirname '" . ARG0 . "'")
 csv = system("printf %s \"${ROPE_APPEND_CSV:-}\"")
-if (csv eq "") { csv = here . "/../../bench/results/h200-append.csv" }
+shown = csv  # How messages name it: the default by its path in the repository.
+if (csv eq "") { csv = here . "/../../bench/results/h200-append.csv"; shown = "bench/results/h200-append.csv" }
 set terminal pngcairo size 860,500 font "sans,11" noenhanced
 set output "rope_kv_append.png"
 series = "python3 '" . here . "/kv_append_series.py' '" . csv . "'"
-missing = system("test -r '" . csv . "' && echo yes") ne "yes" ? "no " . csv : \
-          system(series . " | wc -l") + 0 == 0 ? "no cuda-optimized bf16 append rows in " . csv : ""
+missing = system("test -r '" . csv . "' && echo yes") ne "yes" ? "no " . shown : \
+          system(series . " | wc -l") + 0 == 0 ? "no cuda-optimized bf16 append rows in " . shown : ""
 if (missing ne "") {
     print "kv_append.gp: " . missing . ": the figure says how to measure it"
     unset border; unset tics; unset key
