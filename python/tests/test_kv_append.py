@@ -377,3 +377,46 @@ def test_operator_cuda_graph_capture():
     poison = np.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), np.nan)
     check_cache(k_cache.cpu().numpy(), expected_cache(poison, want_k, slots.cpu().numpy(), TOKENS), "float32",
                 "k_cache")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not any(
+    b.device == "cuda" and b.available for b in rope.list_backends()),
+    reason="no CUDA device or no CUDA backend here: rope.append_kv on CUDA tensors is not run")
+@pytest.mark.parametrize("backend", [b.name for b in rope.list_backends() if b.device == "cuda"])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_cuda_append_against_reference(backend, fp8):
+    """rope.append_kv on CUDA tensors (HND caches as a transposed view, a permuted page table, padding):
+    k and the cache rows against float64, FP8 codes bit for bit against fp8_oracle of the written-back k."""
+    q, k, v = torch_inputs(110, "cuda")
+    k_in = k.cpu().numpy().astype(np.float64)
+    slots = permuted_slots(TOKENS, 12)[:6].copy()
+    slots[3] = -1
+    dtype = torch.float8_e4m3fn if fp8 else torch.float32
+    k_hnd = torch.full((PAGES, KV_HEADS, PAGE_SIZE, DIM), float("nan"), device="cuda").to(dtype)
+    v_hnd = torch.full((PAGES, KV_HEADS, PAGE_SIZE, DIM), float("nan"), device="cuda").to(dtype)
+    scales = dict(k_scale=torch.tensor([0.01], device="cuda"), v_scale=torch.tensor([0.02], device="cuda")) if fp8 \
+        else {}
+    rope.append_kv(q, k, v, CONFIG, torch.from_numpy(POSITIONS).cuda(), torch.from_numpy(slots).cuda(),
+                   k_hnd.transpose(1, 2), v_hnd.transpose(1, 2), backend=backend, **scales)
+    torch.cuda.synchronize()
+    want_k = rotated(k_in, POSITIONS)
+    got_k = k.cpu().numpy()
+    assert max_abs(got_k, want_k) <= TOLERANCE["float32"][1]
+    k_cache = k_hnd.transpose(1, 2).cpu()
+    v_cache = v_hnd.transpose(1, 2).cpu()
+    for t, s in enumerate(slots):
+        if s < 0:
+            continue
+        page, row = s // PAGE_SIZE, s % PAGE_SIZE
+        if fp8:
+            assert np.array_equal(k_cache[page, row].view(torch.uint8).numpy(), quantize_scaled(got_k[t], 0.01, "e4m3fn"))
+            assert np.array_equal(v_cache[page, row].view(torch.uint8).numpy(),
+                                  quantize_scaled(v[t].cpu().numpy(), 0.02, "e4m3fn"))
+        else:
+            assert np.array_equal(k_cache[page, row].numpy(), got_k[t])
+            assert np.array_equal(v_cache[page, row].numpy(), v[t].cpu().numpy())
+    written = np.zeros(PAGES * PAGE_SIZE, bool)
+    written[slots[slots >= 0]] = True
+    untouched = k_cache.reshape(PAGES * PAGE_SIZE, -1)[torch.from_numpy(~written)]
+    assert (untouched.view(torch.uint8) == 0x7F).all() if fp8 else torch.isnan(untouched).all()
