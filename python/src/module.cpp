@@ -4,7 +4,8 @@
 // (RopeConfig, Scaling, BackendInfo), arrays cross through DLPack without a
 // copy (dlpack_views.hpp), and one function, apply(), imports them, has
 // call_args.hpp check them and assemble rope::RopeArgs (the code the PyTorch
-// operator in python/torch_ops/ shares) and calls rope::apply. What is Python's business (HuggingFace dicts, keyword
+// operator in python/torch_ops/ shares) and calls rope::apply; append_kv() does the same for
+// rope::append_kv through kv_append_args.hpp. What is Python's business (HuggingFace dicts, keyword
 // defaults, streams of PyTorch and CuPy, bfloat16 NumPy arrays) lives in the
 // pure-Python package rope/ on top of it.
 #include <optional>
@@ -25,6 +26,7 @@
 
 #include "config_key.hpp"
 #include "dlpack_views.hpp"
+#include "kv_append_args.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -97,6 +99,55 @@ void apply(const std::string& backend_name, const rope::RopeConfig& config, nb::
     // Long CPU calls must not stall other Python threads: the arrays are held above.
     nb::gil_scoped_release no_gil;
     rope::apply(*call.backend, config, call.args);
+}
+
+// --- append_kv ---------------------------------------------------------------------------
+// One rope::append_kv call: q and k rotated (in place, or into q_out and k_out), the rotated k and v
+// written into their caches at the slots of slot_mapping. bfloat16_bits: bit 0 q, 1 k, 2 q_out,
+// 3 k_out, 4 v, 5 k_cache, 6 v_cache hold bfloat16 as uint16.
+void append_kv(const std::string& backend_name, const rope::RopeConfig& config, nb::handle q, nb::handle k,
+               nb::handle v, nb::handle q_out, nb::handle k_out, int64_t offset, nb::handle ids,
+               nb::handle slot_mapping, nb::handle k_cache, nb::handle v_cache, nb::handle k_scale,
+               nb::handle v_scale, const std::string& kv_layout, int64_t page_size, const std::string& k_cache_dtype,
+               const std::string& v_cache_dtype, nb::handle cos_sin_cache, int64_t max_position, uintptr_t stream,
+               int bfloat16_bits) {
+    const bool in_place = q_out.is_none();
+    std::optional<InputArray> read[13];
+    std::optional<OutputArray> written[13];
+    Array arrays[13];
+    auto take = [&](int role, const char* name, nb::handle object, bool writes) -> const Array* {
+        if (object.is_none() && role > 4) return nullptr;  // q, k, v, and the caches are required.
+        if (writes) arrays[role] = array_of(*(written[role] = import_output(name, object)));
+        else arrays[role] = array_of(*(read[role] = import_input(name, object)));
+        return &arrays[role];
+    };
+    KvAppendArrays call_arrays;
+    call_arrays.rope.q = take(0, "q", q, in_place);
+    call_arrays.rope.k = take(1, "k", k, in_place);
+    call_arrays.v = take(2, "v", v, false);
+    call_arrays.k_cache = take(3, "k_cache", k_cache, true);
+    call_arrays.v_cache = take(4, "v_cache", v_cache, true);
+    call_arrays.rope.q_out = take(5, "out[0]", q_out, true);
+    call_arrays.rope.k_out = take(6, "out[1]", k_out, true);
+    call_arrays.rope.ids = take(7, "positions", ids, false);
+    call_arrays.slot_mapping = take(8, "slot_mapping", slot_mapping, false);
+    call_arrays.k_scale = take(9, "k_scale", k_scale, false);
+    call_arrays.v_scale = take(10, "v_scale", v_scale, false);
+    call_arrays.rope.cos_sin_cache = take(11, "cos_sin_cache", cos_sin_cache, false);
+    if (call_arrays.slot_mapping == nullptr) rope::fail("slot_mapping", "None", "append_kv needs it");
+
+    KvAppendOptions options;
+    options.rope = CallOptions{backend_name, "thd", offset, 1, 0, max_position, false, bfloat16_bits & 15};
+    options.kv_layout = kv_layout;
+    options.page_size = page_size;
+    options.k_cache_dtype = k_cache_dtype;
+    options.v_cache_dtype = v_cache_dtype;
+    options.bfloat16_bits = bfloat16_bits >> 4;
+    KvAppendCall call = prepare_kv_append(config, call_arrays, options);
+    call.args.stream = reinterpret_cast<void*>(stream);
+    CudaDeviceGuard device_guard(call.cuda_device);
+    nb::gil_scoped_release no_gil;
+    rope::append_kv(*call.backend, config, call.args);
 }
 
 // --- Slot mappings -----------------------------------------------------------------------
@@ -364,6 +415,12 @@ NB_MODULE(_rope, m) {
           "bfloat16_bits"_a,
           "One rope::apply call on DLPack arrays (all positional; rope.apply is the documented entry point).");
 
+    m.def("append_kv", &rope_python::append_kv, "backend"_a, "config"_a, "q"_a.none(), "k"_a.none(), "v"_a.none(),
+          "q_out"_a.none(), "k_out"_a.none(), "offset"_a, "ids"_a.none(), "slot_mapping"_a.none(),
+          "k_cache"_a.none(), "v_cache"_a.none(), "k_scale"_a.none(), "v_scale"_a.none(), "kv_layout"_a,
+          "page_size"_a, "k_cache_dtype"_a, "v_cache_dtype"_a, "cos_sin_cache"_a.none(), "max_position"_a,
+          "stream"_a, "bfloat16_bits"_a,
+          "One rope::append_kv call on DLPack arrays (all positional; rope.append_kv is the documented entry point).");
     m.def("slot_mapping_from_flashinfer_indptr", &rope_python::slot_mapping_from_flashinfer_indptr,
           "append_indptr"_a, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "out"_a, "page_size"_a, "pages"_a,
           "stream"_a,
