@@ -18,6 +18,7 @@
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/detail/plan.hpp"
+#include "rope/detail/qk_norm_plan.hpp"
 #include "rope/rotation.hpp"
 
 namespace rope {
@@ -60,6 +61,7 @@ public:
             rotate_operand<Storage>(plan, plan.k);
         });
     }
+    void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cpu_naive(plan); }  // naive_qk_norm.cpp
 };
 
 }  // namespace

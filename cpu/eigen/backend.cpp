@@ -34,6 +34,7 @@
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/detail/plan.hpp"
+#include "rope/detail/qk_norm_plan.hpp"
 #include "rope/rotation.hpp"
 #include "row.hpp"
 #include "streaming_stores.hpp"
@@ -103,6 +104,7 @@ public:
     void run(const Plan& plan) override {
         dispatch_dtype(plan.dtype, [&](auto storage) { run_typed<decltype(storage)>(plan); });
     }
+    void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cpu_eigen(plan, requested_threads_); }
 
 private:
     // Threads for this call. Read on every call (not cached at construction)

@@ -16,6 +16,7 @@
 namespace rope {
 
 struct Plan;  // A validated call (rope/detail/plan.hpp): what backends run, built by rope::apply().
+struct QkNormPlan;  // A validated fused QK-norm + RoPE call (rope/detail/qk_norm_plan.hpp), built by apply_qk_norm().
 
 /// @brief What a backend can run, declared once; rope::apply() checks every call against it.
 struct BackendLimits {
@@ -56,6 +57,10 @@ public:
     /// without synchronising.
     /// @param plan a validated, non-empty call, built by make_plan() for this backend's device().
     virtual void run(const Plan& plan) = 0;
+    /// @brief Executes a fused QK-norm + RoPE call (rope/qk_norm.hpp); as run(), on plan.rope.stream.
+    /// The built-in backends all override it; the default refuses (a rope::Error naming the backend).
+    /// @param plan a validated, non-empty call, built by make_qk_norm_plan() for this backend's device().
+    virtual void run_qk_norm(const QkNormPlan& plan);
 };
 
 /// @brief What the registry knows about one backend.

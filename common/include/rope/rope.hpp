@@ -23,6 +23,7 @@
 #include "rope/frequency_table.hpp"
 #include "rope/position_ids.hpp"
 #include "rope/positions.hpp"
+#include "rope/qk_norm.hpp"
 #include "rope/rotation.hpp"
 #include "rope/tensor.hpp"
 
