@@ -88,7 +88,7 @@ std::string shape_text(const std::array<int64_t, 4>& shape) {
     return text.append("]");
 }
 
-void check_qkv(const QkvBuffer& qkv, int64_t head_dim) {
+void check_qkv(const QkvBuffer& qkv, int64_t head_dim, Device device) {
     const auto sizes = {std::pair<const char*, int64_t>{"qkv.tokens", qkv.tokens}, {"qkv.q_heads", qkv.q_heads},
                         {"qkv.kv_heads", qkv.kv_heads}, {"qkv.width", qkv.width}, {"qkv.row_stride", qkv.row_stride}};
     for (const auto& [name, value] : sizes)
@@ -100,6 +100,8 @@ void check_qkv(const QkvBuffer& qkv, int64_t head_dim) {
              "must equal (q_heads + 2 * kv_heads) * head_dim = (" + std::to_string(qkv.q_heads) + " + 2 * " +
                  std::to_string(qkv.kv_heads) + ") * " + std::to_string(head_dim) +
                  " (the head counts do not add up to the buffer's row)");
+    if (qkv.device != device)
+        fail("qkv.device", device_name(qkv.device), "this backend runs on " + std::string(device_name(device)));
     if (qkv.row_stride != 0 && qkv.row_stride < qkv.width)
         fail("qkv.row_stride", qkv.row_stride, "must be >= width = " + std::to_string(qkv.width) + " (or 0)");
 }
@@ -157,7 +159,7 @@ QkNormPlan make_qk_norm_plan(const RopeConfig& config, const QkNormArgs& args, D
         if (args.q.data != nullptr || args.k.data != nullptr)
             fail(args.q.data != nullptr ? "q.data" : "k.data", args.q.data != nullptr ? args.q.data : args.k.data,
                  "must be null with a qkv buffer (q and k are its slices)");
-        check_qkv(args.qkv, config.head_dim);
+        check_qkv(args.qkv, config.head_dim, device);
         q = slice_of(args.qkv, 0, args.qkv.q_heads, config.head_dim);
         k = slice_of(args.qkv, args.qkv.q_heads * config.head_dim, args.qkv.kv_heads, config.head_dim);
         v = slice_of(args.qkv, (args.qkv.q_heads + args.qkv.kv_heads) * config.head_dim, args.qkv.kv_heads,
@@ -169,9 +171,36 @@ QkNormPlan make_qk_norm_plan(const RopeConfig& config, const QkNormArgs& args, D
         fail("v_out.data", args.v_out.data, "is only written with a qkv buffer (v is copied out of it)");
     }
 
-    RopeArgs rope_args{q, k, q_out, k_out, args.positions, Direction::forward, args.stream, args.cos_sin_cache};
     QkNormPlan plan;
-    plan.rope = make_plan(config, rope_args, device);
+    if (!packed) {
+        plan.rope = make_plan(config, RopeArgs{q, k, q_out, k_out, args.positions, Direction::forward, args.stream,
+                                               args.cos_sin_cache},
+                              device);
+    } else {
+        // The slices interleave row by row, so make_plan's byte-range test would call them aliased:
+        // each is validated on its own (they are disjoint by construction), and any separate
+        // outputs are checked here against the buffer and each other.
+        const Span buffer = span_of(slice_of(args.qkv, 0, 1, args.qkv.width));
+        const Span q_span = q_out.data != q.data ? span_of(q_out) : Span{};
+        const Span k_span = k_out.data != k.data ? span_of(k_out) : Span{};
+        if (q_span.overlaps(buffer) || q_span.overlaps(k_span))
+            fail("q_out.data", q_out.data, "must not overlap the qkv buffer or k_out (or be null: in place)");
+        if (k_span.overlaps(buffer)) fail("k_out.data", k_out.data, "must not overlap the qkv buffer (or be null: in place)");
+        const Geometry kg = k.geometry(), ko = k_out.geometry();
+        if (kg.batch != ko.batch || kg.heads != ko.heads || kg.seq != ko.seq || kg.head_dim != ko.head_dim)
+            fail("k_out.shape", shape_text(k_out.shape), "must hold the qkv buffer's k: " + std::to_string(kg.seq) +
+                                                             " tokens, " + std::to_string(kg.heads) + " heads");
+        TensorView none = slice_of(args.qkv, 0, 0, config.head_dim);  // no heads: q alone, then k alone
+        const auto one = [&](const TensorView& in, const TensorView& out) {
+            return make_plan(config, RopeArgs{in, none, out, none, args.positions, Direction::forward, args.stream,
+                                              args.cos_sin_cache},
+                             device);
+        };
+        const Plan q_plan = one(q, q_out), k_plan = one(k, k_out);
+        plan.rope = q_plan.empty() ? k_plan : q_plan;  // the one with angles, if either has heads
+        plan.rope.q = q_plan.q;
+        plan.rope.k = k_plan.q;
+    }
 
     const Geometry qg = q.geometry(), kg = k.geometry();
     const bool across = args.kind == QkNormKind::across_heads;
