@@ -21,11 +21,13 @@ value; when one is raised, nothing has been written.
 from . import _rope
 from ._apply import apply, list_backends
 from ._config import Config
+from ._qk_norm import apply_qk_norm, apply_qk_norm_packed
 
 Error = _rope.Error
 BackendInfo = _rope.BackendInfo
 
-__all__ = ["Config", "Error", "BackendInfo", "apply", "list_backends", "ops", "hf"]
+__all__ = ["Config", "Error", "BackendInfo", "apply", "apply_qk_norm", "apply_qk_norm_packed", "list_backends", "ops",
+           "hf"]
 __version__ = "0.1.0"
 
 

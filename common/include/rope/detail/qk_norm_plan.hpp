@@ -251,10 +251,13 @@ ROPE_HOST_DEVICE inline float group_inverse_rms(const QkNormStep& step, const No
 /// pairs, passes the features past rotary_dim through normalised, and writes the row.
 /// @tparam Storage the storage type.
 /// @tparam Rule AngleRule, or the CUDA kernels' copy of it.
+/// @param first, stride this caller's share: pairs (and pass-through features) first,
+///        first + stride, ... (a warp's lane and 32; 0 and 1 for the whole row).
 template <typename Storage, typename Rule>
 ROPE_HOST_DEVICE inline void normalize_rotate_head(const QkNormStep& step, const Rule& rule,
                                                    const TokenPositions& positions, const NormOperand& operand,
-                                                   int64_t b, int64_t h, int64_t s, float inverse) {
+                                                   int64_t b, int64_t h, int64_t s, float inverse, int64_t first = 0,
+                                                   int64_t stride = 1) {
     const Geometry& g = operand.tensor.in_geometry;
     const Geometry& o = operand.tensor.out_geometry;
     const auto* in = static_cast<const Storage*>(operand.tensor.in);
@@ -265,7 +268,7 @@ ROPE_HOST_DEVICE inline void normalize_rotate_head(const QkNormStep& step, const
                                            weight_at(operand.weight, operand.weight_dtype, weight_base + d),
                                            step.kind, step.rounding);
     };
-    for (int64_t i = 0; i < step.pairs; ++i) {
+    for (int64_t i = first; i < step.pairs; i += stride) {
         float cos_angle, sin_angle;
         rotation_factors(rule, positions.of_pair(rule, step.axes, i), i, cos_angle, sin_angle);
         const PairIndex pair = pair_elements(step.style, step.rotary_dim, i);
@@ -274,7 +277,7 @@ ROPE_HOST_DEVICE inline void normalize_rotate_head(const QkNormStep& step, const
         out[o.offset(b, h, s, pair.first)] = from_float<Storage>(x);
         out[o.offset(b, h, s, pair.second)] = from_float<Storage>(y);
     }
-    for (int64_t d = step.rotary_dim; d < step.head_dim; ++d)
+    for (int64_t d = step.rotary_dim + first; d < step.head_dim; d += stride)
         out[o.offset(b, h, s, d)] = from_float<Storage>(normalized(d));
 }
 
