@@ -157,7 +157,7 @@ void apply_qk_norm(const std::string& backend_name, const rope::RopeConfig& conf
         call_arrays.q_out = output(3, "out[0]", q_out);
         call_arrays.k_out = output(4, "out[1]", k_out);
     }
-    CallOptions options{backend_name, packed ? "thd" : layout_name, offset, 1, 0, 0, false, bfloat16_bits & 15};
+    CallOptions options{backend_name, packed ? std::string_view("thd") : std::string_view(layout_name), offset, 1, 0, 0, false, bfloat16_bits & 15};
     if (packed) options.bfloat16_bits = bit(6) ? 3 : 0;
     Call call = prepare_call(config, call_arrays, options);
 
