@@ -245,3 +245,8 @@ def apply(backend: str, config: RopeConfig, q: object | None, k: object | None, 
     """
     One rope::apply call on DLPack arrays (all positional; rope.apply is the documented entry point).
     """
+
+def apply_qk_norm(backend: str, config: RopeConfig, q: object | None, k: object | None, q_out: object | None, k_out: object | None, qkv: object | None, q_heads: int, kv_heads: int, v_out: object | None, q_weight: object | None, k_weight: object | None, kind: str, rounding: str, eps: float, layout: str, offset: int, ids: object | None, cos_sin_cache: object | None, stream: int, bfloat16_bits: int) -> None:
+    """
+    One rope::apply_qk_norm call on DLPack arrays (rope.apply_qk_norm is the documented entry point).
+    """
