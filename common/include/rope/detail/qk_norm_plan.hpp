@@ -65,6 +65,8 @@ QkNormPlan make_qk_norm_plan(const RopeConfig& config, const QkNormArgs& args, D
 namespace detail {
 
 /// @brief @p a * @p b rounded once to float32 (never fused with a neighbouring add on the GPU).
+/// @param a, b the factors.
+/// @return their product in float32.
 ROPE_HOST_DEVICE inline float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
     return __fmul_rn(a, b);
@@ -74,6 +76,8 @@ ROPE_HOST_DEVICE inline float mul_rn(float a, float b) {
 }
 
 /// @brief @p a + @p b rounded once to float32 (never fused with a product on the GPU).
+/// @param a, b the terms.
+/// @return their sum in float32.
 ROPE_HOST_DEVICE inline float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
     return __fadd_rn(a, b);
@@ -83,12 +87,19 @@ ROPE_HOST_DEVICE inline float add_rn(float a, float b) {
 }
 
 /// @brief @p value rounded to @p Storage and widened back: what `.to(dtype)` does to it.
+/// @tparam Storage float, float16 or bfloat16.
+/// @param value the float32 value.
+/// @return the nearest Storage value, as float32.
 template <typename Storage>
 ROPE_HOST_DEVICE inline float round_to(float value) {
     return to_float(from_float<Storage>(value));
 }
 
 /// @brief Element @p i of a norm weight, widened to float32.
+/// @param data the weight's first element.
+/// @param dtype its storage type.
+/// @param i the element's index.
+/// @return the element in float32.
 ROPE_HOST_DEVICE inline float weight_at(const void* data, DType dtype, int64_t i) {
     if (dtype == DType::bf16) return to_float(static_cast<const bfloat16*>(data)[i]);
     if (dtype == DType::f16) return to_float(static_cast<const float16*>(data)[i]);
@@ -98,6 +109,9 @@ ROPE_HOST_DEVICE inline float weight_at(const void* data, DType dtype, int64_t i
 /// @brief Sum of @p term(i), i in [0, size), by PyTorch's cascade (aten's multi_row_sum
 /// for one accumulator): runs of 2^level_power terms are summed, then carried up
 /// four levels of partial sums, so no long run of additions accumulates error.
+/// @param size the number of terms.
+/// @param term term(i): the i-th term.
+/// @return the sum, in float32, in that order.
 template <typename Term>
 ROPE_HOST_DEVICE inline float cascade_sum(int64_t size, Term term) {
     constexpr int kLevels = 4;
@@ -121,9 +135,9 @@ ROPE_HOST_DEVICE inline float cascade_sum(int64_t size, Term term) {
     return acc[0];
 }
 
-/// Lanes of PyTorch's float vector (256 bits) and vectors it sums side by side.
+/// Lanes of PyTorch's float vector (256 bits) in its CPU sum.
 inline constexpr int kTorchLanes = 8;
-/// @copydoc kTorchLanes
+/// Vectors PyTorch's CPU sum accumulates side by side.
 inline constexpr int kTorchVectors = 4;
 
 /// @brief One of the kTorchLanes * kTorchVectors partial sums of qk_norm_sum_of_squares:
@@ -147,6 +161,9 @@ ROPE_HOST_DEVICE inline float torch_partial_sum(int64_t n, int vector, int lane,
 }
 
 /// @brief The tail of qk_norm_sum_of_squares: features past the last whole vector, from 0.
+/// @param n features in the row.
+/// @param load load(f): feature f of the row, in float32.
+/// @return the sum of the tail's squares, in order.
 template <typename Load>
 ROPE_HOST_DEVICE inline float torch_tail_sum(int64_t n, Load load) {
     float total = 0.0f;
@@ -175,6 +192,10 @@ ROPE_HOST_DEVICE inline float qk_norm_sum_of_squares(int64_t n, Load load) {
 
 /// @brief 1 / sqrt(sum / n + eps) in float32, each step rounded (torch: mean = sum / n, then
 /// rsqrt(mean + eps) computed as 1 / sqrt).
+/// @param sum the sum of squares.
+/// @param n the features it covers.
+/// @param eps QkNormStep::eps.
+/// @return the inverse root mean square.
 ROPE_HOST_DEVICE inline float inverse_rms(float sum, int64_t n, float eps) {
 #if defined(__CUDA_ARCH__)
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(n)), eps)));
@@ -212,6 +233,10 @@ ROPE_HOST_DEVICE inline float normalized_feature(float x, float inverse, float w
 /// hf_qwen3 and hf_gemma3 round cos and sin to the storage dtype and round after each product
 /// and after the sum, as `q * cos + rotate_half(q) * sin` in the model's dtype does; float32 and
 /// hf_olmo2 rotate in float32.
+/// @tparam Storage the storage type.
+/// @param[in,out] x, y the pair's normalised features, rotated.
+/// @param cos_angle, sin_angle the pair's cos and sin (rotation_factors).
+/// @param rounding where to round.
 template <typename Storage>
 ROPE_HOST_DEVICE inline void rotate_normalized(float& x, float& y, float cos_angle, float sin_angle,
                                                QkNormRounding rounding) {
@@ -227,12 +252,20 @@ ROPE_HOST_DEVICE inline void rotate_normalized(float& x, float& y, float cos_ang
 }
 
 /// @brief Features in one norm group: a head row, or all heads of a token (across_heads).
+/// @param step the call's norm.
+/// @param operand q or k.
+/// @return head_dim, or heads * head_dim.
 ROPE_HOST_DEVICE inline int64_t group_features(const QkNormStep& step, const NormOperand& operand) {
     return step.kind == QkNormKind::across_heads ? operand.tensor.in_geometry.heads * step.head_dim : step.head_dim;
 }
 
 /// @brief inverse_rms of the group of head @p h of token (b, s): head h alone, or all heads
 /// (across_heads, where @p h is ignored).
+/// @tparam Storage the storage type.
+/// @param step the call's norm.
+/// @param operand q or k.
+/// @param b, h, s sequence, head and token.
+/// @return inverse_rms of the group.
 template <typename Storage>
 ROPE_HOST_DEVICE inline float group_inverse_rms(const QkNormStep& step, const NormOperand& operand, int64_t b,
                                                 int64_t h, int64_t s) {
@@ -251,6 +284,12 @@ ROPE_HOST_DEVICE inline float group_inverse_rms(const QkNormStep& step, const No
 /// pairs, passes the features past rotary_dim through normalised, and writes the row.
 /// @tparam Storage the storage type.
 /// @tparam Rule AngleRule, or the CUDA kernels' copy of it.
+/// @param step the call's norm.
+/// @param rule the call's angle rule.
+/// @param positions the token's positions (token_positions).
+/// @param operand q or k.
+/// @param b, h, s sequence, head and token.
+/// @param inverse inverse_rms of the row's group.
 /// @param first, stride this caller's share: pairs (and pass-through features) first,
 ///        first + stride, ... (a warp's lane and 32; 0 and 1 for the whole row).
 template <typename Storage, typename Rule>
@@ -283,6 +322,13 @@ ROPE_HOST_DEVICE inline void normalize_rotate_head(const QkNormStep& step, const
 
 /// @brief The whole of one norm group of token (b, s) of operand @p which: head @p h
 /// (per-head kinds) or every head (across_heads, @p h ignored).
+/// @tparam Storage the storage type.
+/// @tparam Rule AngleRule, or the CUDA kernels' copy of it.
+/// @param step the call's norm.
+/// @param rule the call's angle rule.
+/// @param source where positions come from.
+/// @param which 0 for q, 1 for k.
+/// @param b, h, s sequence, head (the group) and token.
 template <typename Storage, typename Rule>
 ROPE_HOST_DEVICE inline void qk_norm_group(const QkNormStep& step, const Rule& rule, const PositionSource& source,
                                            int which, int64_t b, int64_t h, int64_t s) {
@@ -297,25 +343,31 @@ ROPE_HOST_DEVICE inline void qk_norm_group(const QkNormStep& step, const Rule& r
 }
 
 /// @brief Norm groups of one token of operand @p which: its heads, or 1 (across_heads).
+/// @param step the call's norm.
+/// @param which 0 for q, 1 for k.
+/// @return the number of groups (0 for an operand without heads).
 ROPE_HOST_DEVICE inline int64_t groups_per_token(const QkNormStep& step, int which) {
     const int64_t heads = step.operands[which].tensor.in_geometry.heads;
     return step.kind == QkNormKind::across_heads ? (heads > 0 ? 1 : 0) : heads;
 }
 
 /// @brief Copies element (b, h, s, d) of the v operand (a qkv buffer's v slice to v_out).
+/// @tparam Storage the storage type.
+/// @param v QkNormPlan::v.
+/// @param b, h, s, d the element.
 template <typename Storage>
 ROPE_HOST_DEVICE inline void copy_v_element(const Operand& v, int64_t b, int64_t h, int64_t s, int64_t d) {
     static_cast<Storage*>(v.out)[v.out_geometry.offset(b, h, s, d)] =
         static_cast<const Storage*>(v.in)[v.in_geometry.offset(b, h, s, d)];
 }
 
-/// @brief cpu-naive's fused QK-norm + RoPE (cpu/naive_qk_norm.cpp).
+/// @brief cpu-naive's fused QK-norm + RoPE (cpu/naive_qk_norm.cpp). @param plan the call.
 void run_qk_norm_cpu_naive(const QkNormPlan& plan);
 /// @brief cpu-eigen's (cpu/eigen/qk_norm.cpp). @param plan the call. @param threads worker threads (0: OpenMP's default).
 void run_qk_norm_cpu_eigen(const QkNormPlan& plan, int threads);
-/// @brief cuda-naive's (cuda/naive_qk_norm.cu).
+/// @brief cuda-naive's (cuda/naive_qk_norm.cu). @param plan the call.
 void run_qk_norm_cuda_naive(const QkNormPlan& plan);
-/// @brief cuda-optimized's (cuda/optimized/qk_norm.cu).
+/// @brief cuda-optimized's (cuda/optimized/qk_norm.cu). @param plan the call.
 void run_qk_norm_cuda_optimized(const QkNormPlan& plan);
 
 }  // namespace detail
