@@ -214,13 +214,16 @@ int main() {
         for (const auto& backend : backends.available) {
             if (backend->name() == "cpu-naive") continue;
             const Result other = run(*backend, config, q, k, m.q_weight, m.k_weight, m.kind, m.rounding);
-            // CUDA's sincosf and the host's cos/sin may differ in float32's last bit: at most one bf16 ulp then.
-            const int64_t off = beyond_one_ulp(other.q, std::vector<double>(hf.q.begin(), hf.q.end()));
+            // CUDA's sincosf and the host's cos/sin may differ in float32's last bit; rounded to bf16,
+            // that moves an operand of the rotation (below 4) by one ulp, 2^-6, also where it cancels.
             const bool same = other.q == hf.q && other.k == hf.k;
-            checks.expect(backend->device() == rope::Device::host ? same : off == 0,
+            const bool close = tutorial::max_abs_difference(other.q, hf.q) <= 1.0 / 64 &&
+                               tutorial::max_abs_difference(other.k, hf.k) <= 1.0 / 64;
+            checks.expect(backend->device() == rope::Device::host ? same : close,
                           backend->name() + ", " + m.name + ": the HF rounding " +
-                              (backend->device() == rope::Device::host ? "bit for bit cpu-naive's"
-                                                                       : "within one bf16 ulp of cpu-naive's"));
+                              (backend->device() == rope::Device::host
+                                   ? "bit for bit cpu-naive's"
+                                   : "within one ulp of the rotation's operands of cpu-naive's"));
         }
     }
 
