@@ -6,6 +6,8 @@ rotary embedding and apply_rotary_pos_emb run in bfloat16 on the CPU.
   with HF's own cos/sin handed over as the table (rope then rounds them where HF does);
   with rope's own angles (theta_i more accurate than HF's float32 pow) a few elements move
   by one bf16 ulp.
+- In float32 storage the HF modes give HF's float32 output bit for bit: every bit of the
+  mean shows there, so this checks that the squares are added in PyTorch's order.
 - The float32 mode is within one bf16 ulp of the float64 result (HF's norm modules run in
   float64, cos/sin of float64 angles) rounded to bf16.
 - The packed qkv form gives the same bits as q and k given apart; v is untouched or copied.
@@ -107,12 +109,12 @@ def inputs(seed=11):
     return q_proj, k_proj, position_ids
 
 
-def run_rope(model, q_proj, k_proj, position_ids, rounding, device, backend, table=None):
+def run_rope(model, q_proj, k_proj, position_ids, rounding, device, backend, table=None, dtype=torch.bfloat16):
     """rope's fused call on the projections as bshd views, out of place into NaN-poisoned tensors."""
-    q = q_proj.view(BATCH, SEQ, HEADS, HEAD_DIM).to(device)
-    k = k_proj.view(BATCH, SEQ, KV_HEADS, HEAD_DIM).to(device)
+    q = q_proj.view(BATCH, SEQ, HEADS, HEAD_DIM).to(device, dtype)
+    k = k_proj.view(BATCH, SEQ, KV_HEADS, HEAD_DIM).to(device, dtype)
     out = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan")))
-    q_weight, k_weight = (w.to(device) for w in model.weights(torch.bfloat16))
+    q_weight, k_weight = (w.to(device) for w in model.weights(dtype))
     rope.apply_qk_norm(q, k, q_weight, k_weight, model.rope_config, position_ids.to(device), kind=model.kind,
                        rounding=rounding, eps=1e-6, out=out, layout="bshd", backend=backend,
                        cos_sin_cache=None if table is None else table.to(device))
@@ -120,7 +122,7 @@ def run_rope(model, q_proj, k_proj, position_ids, rounding, device, backend, tab
 
 
 def bits(t):
-    return t.contiguous().view(torch.int16).numpy()
+    return t.contiguous().view(torch.int16 if t.dtype != torch.float32 else torch.int32).numpy()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -135,6 +137,23 @@ def test_hf_rounding_with_hfs_angles_is_huggingfaces_bf16_bit_for_bit(device, na
         for got, want in ((got_q, want_q), (got_k, want_k)):
             differ = np.count_nonzero(bits(got) != bits(want))
             assert differ == 0, f"{backend}: {differ} of {want.numel()} elements differ from HF's bf16"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", MODELS)
+def test_hf_rounding_in_float32_is_huggingfaces_float32_bit_for_bit(device, name):
+    """In float32 nothing rounds to a smaller type: every bit of x_hat shows, so this is where the
+    sum of squares must be added in PyTorch's CPU order (every backend adds in that order)."""
+    model = Model(name)
+    q_proj, k_proj, position_ids = inputs(seed=15)
+    want_q, want_k = model.reference(q_proj, k_proj, position_ids, torch.float32)
+    table = model.table(int(position_ids.max()) + 1)
+    for backend in backends_for(device):
+        got_q, got_k = run_rope(model, q_proj, k_proj, position_ids, model.rounding, device, backend, table,
+                                dtype=torch.float32)
+        for got, want in ((got_q, want_q), (got_k, want_k)):
+            differ = np.count_nonzero(bits(got) != bits(want))
+            assert differ == 0, f"{backend}: {differ} of {want.numel()} elements differ from HF's float32"
 
 
 @pytest.mark.parametrize("device", DEVICES)
