@@ -26,6 +26,7 @@
 #include "rope/positions.hpp"
 #include "rope/qk_norm.hpp"
 #include "rope/rotation.hpp"
+#include "rope/slot_mapping.hpp"
 #include "rope/tensor.hpp"
 
 // What only a backend author needs (the Plan, the shared pair step, the
