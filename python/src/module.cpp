@@ -305,6 +305,40 @@ void apply_qk_norm(const std::string& backend_name, const rope::RopeConfig& conf
     rope::apply_qk_norm(*call.backend, config, args);
 }
 
+// --- rerotate ----------------------------------------------------------------------------
+// One rope::rerotate call: keys k (k_out None: in place) from positions `from` to `to`, each
+// an offset or ids. The keys travel through prepare_call as its q, once per position argument.
+// bfloat16_bits: bit 0 k, bit 2 k_out.
+void rerotate(const std::string& backend_name, const rope::RopeConfig& config, nb::handle k, nb::handle k_out,
+              const std::string& layout_name, int64_t from_offset, nb::handle from_ids, int64_t from_max_position,
+              int64_t to_offset, nb::handle to_ids, int64_t to_max_position, uintptr_t stream, int bfloat16_bits) {
+    const bool in_place = k_out.is_none();
+    std::optional<InputArray> read[3];
+    std::optional<OutputArray> written[2];
+    Array keys[2], ids[2];
+    if (in_place) keys[0] = array_of(*(written[0] = import_output("k", k)));
+    else keys[0] = array_of(*(read[0] = import_input("k", k)));
+    if (!in_place) keys[1] = array_of(*(written[1] = import_output("out", k_out)));
+    auto positions = [&](int side, const char* name, nb::handle object, int64_t offset, int64_t max_position) {
+        CallArrays arrays;
+        arrays.q = &keys[0];
+        arrays.q_out = in_place ? nullptr : &keys[1];
+        if (!object.is_none()) arrays.ids = &(ids[side] = array_of(*(read[1 + side] = import_input(name, object))));
+        CallOptions options{backend_name, layout_name, offset, 1, 0, max_position, false, bfloat16_bits};
+        options.q_name = "k";
+        options.q_out_name = "out";
+        options.positions_name = name;
+        return prepare_call(config, arrays, options);
+    };
+    const Call from = positions(0, "from_positions", from_ids, from_offset, from_max_position);
+    const Call to = positions(1, "to_positions", to_ids, to_offset, to_max_position);
+    rope::RerotateArgs args{to.args.q, to.args.q_out, from.args.positions, to.args.positions,
+                            reinterpret_cast<void*>(stream)};
+    CudaDeviceGuard device_guard(to.cuda_device);
+    nb::gil_scoped_release no_gil;
+    rope::rerotate(*to.backend, config, args);
+}
+
 }  // namespace
 }  // namespace rope_python
 
@@ -440,4 +474,8 @@ NB_MODULE(_rope, m) {
           "q_weight"_a.none(), "k_weight"_a.none(), "kind"_a, "rounding"_a, "eps"_a, "layout"_a, "offset"_a,
           "ids"_a.none(), "cos_sin_cache"_a.none(), "stream"_a, "bfloat16_bits"_a,
           "One rope::apply_qk_norm call on DLPack arrays (rope.apply_qk_norm is the documented entry point).");
+    m.def("rerotate", &rope_python::rerotate, "backend"_a, "config"_a, "k"_a.none(), "k_out"_a.none(), "layout"_a,
+          "from_offset"_a, "from_ids"_a.none(), "from_max_position"_a, "to_offset"_a, "to_ids"_a.none(),
+          "to_max_position"_a, "stream"_a, "bfloat16_bits"_a,
+          "One rope::rerotate call on DLPack arrays (all positional; rope.rerotate is the documented entry point).");
 }

@@ -25,6 +25,7 @@
 #include "rope/position_ids.hpp"
 #include "rope/positions.hpp"
 #include "rope/qk_norm.hpp"
+#include "rope/rerotate.hpp"
 #include "rope/rotation.hpp"
 #include "rope/slot_mapping.hpp"
 #include "rope/tensor.hpp"
