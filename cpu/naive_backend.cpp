@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "rope/detail/backend_factories.hpp"
+#include "rope/detail/kv_append_plan.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/detail/qk_norm_plan.hpp"
@@ -50,6 +51,58 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
     }
 }
 
+// RoPE + KV append (rope::append_kv), the fused decode step of a serving engine.
+// The lesson: tutorials/14_kv_cache_append/chapter.md. For every token t:
+//   q_out[t] = RoPE(q[t])                                   (rotate_operand, as above)
+//   k_out[t] = RoPE(k[t])                                   (the live key: always written)
+//   slot = slot_mapping[t] if t < slot_count, else -1       (KvAppendPlan::slot_of)
+//   if 0 <= slot < pages * page_size:                       (else padding: nothing cached)
+//     k_cache[slot / page_size, slot % page_size] = k_out[t]   (FP8: quantised from float32)
+//     v_cache[slot / page_size, slot % page_size] = v[t]       (unrotated)
+// The angle comes from the positions, never from the slot.
+template <typename Storage>
+void append_rows(const KvAppendPlan& plan) {
+    const Plan& rope = plan.rope;
+    rotate_operand<Storage>(rope, rope.q);
+    const auto* k = static_cast<const Storage*>(rope.k.in);
+    auto* k_out = static_cast<Storage*>(rope.k.out);
+    const Geometry& g = rope.k.in_geometry;
+    const Geometry& o = rope.k.out_geometry;
+    const auto* v = static_cast<const Storage*>(plan.v);
+    for (int64_t t = 0; t < plan.tokens(); ++t) {
+        const int64_t slot = plan.slot_of(t);
+        for (int64_t h = 0; h < g.heads; ++h) {
+            const int64_t k_row = slot < 0 ? 0 : plan.k_cache.row_offset(slot, plan.page_size, h);
+            for (int64_t i = 0; i < rope.pairs; ++i) {
+                float cos_angle, sin_angle;
+                rotation_factors(rope.angles, rope.positions.at(0, t, rope.angles.pair_axis[size_t(i)]), i, cos_angle,
+                                 sin_angle);
+                const PairIndex pair = pair_elements(rope.style, rope.rotary_dim, i);
+                float x = to_float(k[g.offset(0, h, t, pair.first)]);
+                float y = to_float(k[g.offset(0, h, t, pair.second)]);
+                rotate_pair(x, y, cos_angle, sin_angle);
+                const Storage x_stored = from_float<Storage>(x), y_stored = from_float<Storage>(y);
+                k_out[o.offset(0, h, t, pair.first)] = x_stored;
+                k_out[o.offset(0, h, t, pair.second)] = y_stored;
+                if (slot < 0) continue;
+                store_cache_element(plan.k_cache, k_row + pair.first, h, x_stored, x);
+                store_cache_element(plan.k_cache, k_row + pair.second, h, y_stored, y);
+            }
+            for (int64_t d = rope.rotary_dim; d < g.head_dim; ++d) {  // Partial rotary: passed through.
+                const Storage value = k[g.offset(0, h, t, d)];
+                k_out[o.offset(0, h, t, d)] = value;
+                if (slot >= 0) store_cache_element(plan.k_cache, k_row + d, h, value, to_float(value));
+            }
+            if (slot < 0) continue;
+            const int64_t v_row = plan.v_cache.row_offset(slot, plan.page_size, h);
+            for (int64_t d = 0; d < plan.v_geometry.head_dim; ++d) {
+                const Storage value = v[plan.v_geometry.offset(0, h, t, d)];
+                store_cache_element(plan.v_cache, v_row + d, h, value, to_float(value));
+            }
+        }
+    }
+}
+
 class NaiveCpuBackend final : public Backend {
 public:
     std::string name() const override { return "cpu-naive"; }
@@ -62,6 +115,9 @@ public:
         });
     }
     void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cpu_naive(plan); }  // naive_qk_norm.cpp
+    void run_kv_append(const KvAppendPlan& plan) override {
+        dispatch_dtype(plan.rope.dtype, [&](auto storage) { append_rows<decltype(storage)>(plan); });
+    }
 };
 
 }  // namespace

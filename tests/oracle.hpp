@@ -28,6 +28,7 @@
 
 #include "rope/args.hpp"
 #include "rope/config.hpp"
+#include "rope/kv_append.hpp"
 #include "rope/positions.hpp"
 #include "rope/tensor.hpp"
 
@@ -65,6 +66,28 @@ std::vector<double> qk_norm(const rope::RopeConfig& config, const rope::TensorVi
 // Scaling none or linear; positions on the host.
 std::vector<double> rerotate(const rope::RopeConfig& config, const rope::TensorView& x, const rope::Positions& from,
                              const rope::Positions& to);
+// RoPE + KV append (rope::append_kv), from its definition: q and k rotated as
+// rotate() does; token t (t < slot_count, slots[t] >= 0) writes its rotated k row
+// and its v row at page slots[t] / page_size, slot slots[t] % page_size of each
+// cache, element page * stride_page + slot * stride_slot + head * stride_head + d
+// (a slot past pages * page_size is written nowhere, as the CUDA kernels treat a device slot).
+// The exact values are returned; what a cache stores (the model dtype's rounding, an
+// FP8 code) is the test's comparison to make.
+struct CacheWrite {
+    long index;    // Element of the cache (in the cache's own element size).
+    long head;     // Its head (for per-head scales).
+    long token;    // The token and feature it holds.
+    long feature;
+    double value;  // The exact value written there.
+};
+struct Appended {
+    std::vector<double> q, k;             // Dense (batch, heads, seq, dim), as rotate().
+    std::vector<CacheWrite> k_cache, v_cache;
+};
+Appended append_kv(const rope::RopeConfig& config, const rope::TensorView& q, const rope::TensorView& k,
+                   const rope::TensorView& v, const rope::Positions& positions, const std::vector<long>& slots,
+                   const rope::PagedCache& k_cache, const rope::PagedCache& v_cache,
+                   const rope::CosSinCache& table);
 
 // All elements of a host view as doubles, dense in (batch, heads, seq, dim) order.
 std::vector<double> values(const rope::TensorView& view);

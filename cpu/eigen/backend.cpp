@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "rope/detail/backend_factories.hpp"
+#include "rope/detail/kv_append_plan.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/detail/qk_norm_plan.hpp"
@@ -50,14 +51,12 @@ using namespace cpu_eigen;
 // Below it, fewer threads are faster.
 constexpr int64_t kMinBytesPerThread = 256 * 1024;
 
-// Fills table row @p t of @p chunk: entry [t * pairs + i] holds cos and sin of
-// pair i at that token, already scaled by the attention factor and, for the
+// Fills @p cos_row and @p sin_row with cos and sin of every pair of token @p token of
+// position row @p position_row, already scaled by the attention factor and, for the
 // inverse, with sin negated, so the row kernel only multiplies.
-void fill_trig_row(const Plan& plan, const Chunk& chunk, int64_t t, float* cos, float* sin) {
-    const TokenPositions positions = token_positions(plan.positions, plan.axes, chunk.position_row, chunk.first_token + t);
+void fill_token_trig(const Plan& plan, int64_t position_row, int64_t token, float* cos_row, float* sin_row) {
+    const TokenPositions positions = token_positions(plan.positions, plan.axes, position_row, token);
     const AngleRule& rule = plan.angles;
-    float* const cos_row = cos + t * plan.pairs;
-    float* const sin_row = sin + t * plan.pairs;
     if (rule.table.data != nullptr) {
         // A caller's table is read as given, through the shared rule.
         for (int64_t i = 0; i < plan.pairs; ++i)
@@ -75,6 +74,11 @@ void fill_trig_row(const Plan& plan, const Chunk& chunk, int64_t t, float* cos, 
     Eigen::Map<Eigen::ArrayXf> angles(sin_row, plan.pairs);
     Eigen::Map<Eigen::ArrayXf>(cos_row, plan.pairs) = rule.cos_scale * angles.cos();
     angles = rule.sin_scale * angles.sin();
+}
+
+// Fills table row @p t of @p chunk (fill_token_trig of that token).
+void fill_trig_row(const Plan& plan, const Chunk& chunk, int64_t t, float* cos, float* sin) {
+    fill_token_trig(plan, chunk.position_row, chunk.first_token + t, cos + t * plan.pairs, sin + t * plan.pairs);
 }
 
 // Picks the kernel for one operand once per call, not once per row: the
@@ -105,6 +109,10 @@ public:
         dispatch_dtype(plan.dtype, [&](auto storage) { run_typed<decltype(storage)>(plan); });
     }
     void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cpu_eigen(plan, requested_threads_); }
+
+    void run_kv_append(const KvAppendPlan& plan) override {
+        dispatch_dtype(plan.rope.dtype, [&](auto storage) { append_typed<decltype(storage)>(plan); });
+    }
 
 private:
     // Threads for this call. Read on every call (not cached at construction)
@@ -174,6 +182,84 @@ private:
                     if (streaming) streamer.finish();
                 }
             }
+        }
+    }
+
+    // RoPE + KV append: OpenMP threads over tokens, each token's cos/sin computed once
+    // (fill_token_trig) for all its heads of q and k, its rows rotated by the same row
+    // kernels as run(); a cached token's k row is then stored from k_out into the cache
+    // (the same bits cpu-naive writes; fp32 rows also hold the float32 value an FP8 cache
+    // is quantised from), its v row from v.
+    template <typename Storage>
+    void append_typed(const KvAppendPlan& kv) {
+        const Plan& plan = kv.rope;
+        const RowKernel<Storage> q_kernel = pick_row_kernel<Storage>(plan.style, plan.q, plan.rotary_dim);
+        const RowKernel<Storage> k_kernel = pick_row_kernel<Storage>(plan.style, plan.k, plan.rotary_dim);
+        const RowShape shape{plan.pairs, plan.rotary_dim, plan.head_dim};
+        const int64_t tokens = kv.tokens();
+        const int64_t bytes =
+            (plan.q.in_geometry.numel() + 2 * plan.k.in_geometry.numel() + kv.v_geometry.numel()) * 2 * int64_t(sizeof(Storage));
+        const int team = int(std::clamp<int64_t>(bytes / kMinBytesPerThread, 1, std::min(thread_count(), tokens)));
+        const Operand& q = plan.q;
+        const Operand& k = plan.k;
+        const Geometry& v = kv.v_geometry;
+        // An FP8 k cache is quantised from the float32 rotation, which a 2-byte k_out row no
+        // longer holds: those rows are rotated pair by pair here, each pair written to both.
+        const bool quantised_from_float = kv.k_cache.dtype != CacheDType::model && !std::is_same_v<Storage, float>;
+#pragma omp parallel num_threads(team)
+        {
+            std::vector<float> cos(size_t(plan.pairs)), sin(size_t(plan.pairs));
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < tokens; ++t) {
+                fill_token_trig(plan, 0, t, cos.data(), sin.data());
+                for (int64_t h = 0; h < q.in_geometry.heads; ++h)
+                    q_kernel({static_cast<const Storage*>(q.in) + q.in_geometry.offset(0, h, t, 0), q.in_geometry.stride_dim},
+                             {static_cast<Storage*>(q.out) + q.out_geometry.offset(0, h, t, 0), q.out_geometry.stride_dim},
+                             cos.data(), sin.data(), shape);
+                const int64_t slot = kv.slot_of(t);
+                for (int64_t h = 0; h < k.in_geometry.heads; ++h) {
+                    const Storage* const k_in = static_cast<const Storage*>(k.in) + k.in_geometry.offset(0, h, t, 0);
+                    Storage* const k_row = static_cast<Storage*>(k.out) + k.out_geometry.offset(0, h, t, 0);
+                    // Rows are contiguous (make_kv_append_plan): element d is row[d].
+                    if (slot >= 0 && quantised_from_float) {
+                        rotate_and_quantise_row(plan, kv.k_cache, kv.k_cache.row_offset(slot, kv.page_size, h), h, k_in,
+                                                k_row, cos.data(), sin.data());
+                    } else {
+                        k_kernel({k_in, k.in_geometry.stride_dim}, {k_row, k.out_geometry.stride_dim}, cos.data(),
+                                 sin.data(), shape);
+                    }
+                    if (slot < 0) continue;  // Padding: rotated, not cached.
+                    const Storage* const v_row = static_cast<const Storage*>(kv.v) + v.offset(0, h, t, 0);
+                    const int64_t k_at = kv.k_cache.row_offset(slot, kv.page_size, h);
+                    const int64_t v_at = kv.v_cache.row_offset(slot, kv.page_size, h);
+                    if (!quantised_from_float)
+                        for (int64_t d = 0; d < plan.head_dim; ++d)
+                            store_cache_element(kv.k_cache, k_at + d, h, k_row[d], to_float(k_row[d]));
+                    for (int64_t d = 0; d < v.head_dim; ++d)
+                        store_cache_element(kv.v_cache, v_at + d, h, v_row[d], to_float(v_row[d]));
+                }
+            }
+        }
+    }
+
+    // One k row of a call with an FP8 k cache and 2-byte storage: each pair rotated in float32
+    // (the shared rotate_pair, by the token's cos/sin), rounded into k_out and quantised from
+    // float32 into the cache row at @p at; pass-through features copied and quantised.
+    template <typename Storage>
+    static void rotate_and_quantise_row(const Plan& plan, const CacheTarget& cache, int64_t at, int64_t head,
+                                        const Storage* in, Storage* out, const float* cos, const float* sin) {
+        for (int64_t i = 0; i < plan.pairs; ++i) {
+            const PairIndex pair = pair_elements(plan.style, plan.rotary_dim, i);
+            float x = to_float(in[pair.first]), y = to_float(in[pair.second]);
+            rotate_pair(x, y, cos[i], sin[i]);
+            out[pair.first] = from_float<Storage>(x);
+            out[pair.second] = from_float<Storage>(y);
+            store_cache_element(cache, at + pair.first, head, out[pair.first], x);
+            store_cache_element(cache, at + pair.second, head, out[pair.second], y);
+        }
+        for (int64_t d = plan.rotary_dim; d < plan.head_dim; ++d) {
+            out[d] = in[d];
+            store_cache_element(cache, at + d, head, out[d], to_float(out[d]));
         }
     }
 

@@ -11,12 +11,14 @@
 
 #include "rope/args.hpp"
 #include "rope/config.hpp"
+#include "rope/kv_append.hpp"
 #include "rope/tensor.hpp"
 
 namespace rope {
 
 struct Plan;  // A validated call (rope/detail/plan.hpp): what backends run, built by rope::apply().
 struct QkNormPlan;  // A validated fused QK-norm + RoPE call (rope/detail/qk_norm_plan.hpp), built by apply_qk_norm().
+struct KvAppendPlan;  // A validated RoPE + KV append (rope/detail/kv_append_plan.hpp), built by rope::append_kv().
 
 /// @brief What a backend can run, declared once; rope::apply() checks every call against it.
 struct BackendLimits {
@@ -61,6 +63,11 @@ public:
     /// The built-in backends all override it; the default refuses (a rope::Error naming the backend).
     /// @param plan a validated, non-empty call, built by make_qk_norm_plan() for this backend's device().
     virtual void run_qk_norm(const QkNormPlan& plan);
+    /// @brief Executes a RoPE + KV append (rope::append_kv). Device backends enqueue on
+    /// plan.rope.stream and return without synchronising. Every built-in backend overrides it;
+    /// the default refuses the call with a rope::Error naming the backend.
+    /// @param plan a validated, non-empty call, built by make_kv_append_plan() for this backend's device().
+    virtual void run_kv_append(const KvAppendPlan& plan);
 };
 
 /// @brief What the registry knows about one backend.

@@ -22,6 +22,7 @@
 #include "rope/error.hpp"
 #include "rope/fp8.hpp"
 #include "rope/frequency_table.hpp"
+#include "rope/kv_append.hpp"
 #include "rope/position_ids.hpp"
 #include "rope/positions.hpp"
 #include "rope/qk_norm.hpp"

@@ -1,0 +1,939 @@
+// RoPE + KV append (rope::append_kv) on every backend, against the float64
+// oracle (oracle::append_kv). Every call starts from fresh random inputs,
+// poisoned outputs and a poisoned cache; after it, q_out and k_out (every token,
+// padding included) must match the oracle, each written cache element must hold
+// the oracle's value (2-byte dtypes: within one storage ulp of it, plus the
+// float32 pipeline's bound), and every other byte of the cache, and of the
+// inputs of an out-of-place call, must be as it was. The CUDA backends run on
+// device copies of everything and report Skipped without a GPU.
+//
+// One test per bug of the serving engines' list (docs/api.md, "RoPE + KV
+// append"): k written back, padding rotated but not cached, the angle from the
+// positions and never from the slot, permuted and strided pages, 64-bit offsets
+// (a sparse 8 GiB mapping), positions past the cos/sin table, saturating FP8.
+#include <doctest/doctest.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <tuple>
+#include <string>
+#include <vector>
+
+#include "backend_tags.hpp"
+#include "cuda_helpers.hpp"
+#include "oracle.hpp"
+#include "rope/backend.hpp"
+#include "rope/buffer.hpp"
+#include "rope/detail/kv_append_plan.hpp"
+#include "rope/error.hpp"
+#include "rope/kv_append.hpp"
+#include "fp8_reference.hpp"
+#include "support.hpp"
+
+using testing::HostTensor;
+
+namespace {
+
+enum class CacheLayout { nhd, hnd, packed_kv, strided_pages, mla };
+
+const char* layout_label(CacheLayout layout) {
+    switch (layout) {
+        case CacheLayout::nhd: return "nhd";
+        case CacheLayout::hnd: return "hnd";
+        case CacheLayout::packed_kv: return "packed [K|V]";
+        case CacheLayout::strided_pages: return "strided pages";
+        case CacheLayout::mla: return "mla";
+    }
+    return "?";
+}
+
+// What one test call looks like.
+struct Shape {
+    int64_t tokens = 7, q_heads = 4, kv_heads = 2, head_dim = 32, v_dim = 32;
+    int64_t pages = 6, page_size = 4;
+    CacheLayout layout = CacheLayout::nhd;
+    rope::DType dtype = rope::DType::f32;
+    bool in_place = true;
+    int64_t padding = 2;    // Tokens among the first slot_count with slot -1.
+    int64_t tail = 1;       // Tokens past slot_count (padding too).
+    int64_t q_pad = 0;      // Unused elements after each row of q, k, v (strided views).
+    rope::CacheDType cache_dtype = rope::CacheDType::model;  // Of both caches.
+    float scale = 1.0f;     // FP8: the dequantisation scale of head 0 (head h: scale * (1 + 0.37 h) per head).
+    bool per_head_scales = false;
+};
+
+// A call on host memory. Both caches live in one byte buffer (they may interleave).
+struct Setup {
+    rope::RopeConfig config;
+    Shape shape;
+    HostTensor q, k, v, q_out, k_out;
+    std::vector<int64_t> ids;  // [axes, tokens], or empty (offset).
+    int64_t axes = 1;
+    int64_t offset = 0;
+    std::vector<int64_t> slots;  // [slot_count]
+    std::vector<uint8_t> cache_bytes;
+    rope::PagedCache k_cache, v_cache;  // Their data is rebased on cache_bytes by caches() (a copy moves it).
+    int64_t k_offset = -1, v_offset = -1;  // Bytes into cache_bytes, or -1: data used as it is.
+    std::vector<float> table;
+    int64_t table_rows = 0;
+    std::vector<float> k_scales, v_scales;  // FP8 caches: 1 or heads scales each.
+    float scale_value = 1.0f;  // A scale for tests that need one.
+    HostTensor spare;          // A replacement tensor for tests that need one.
+    void* external = nullptr;  // Memory outside the setup (the large test's sparse cache), staged like the rest.
+    size_t external_bytes = 0;
+
+    rope::Positions positions() const {
+        if (ids.empty()) return rope::Positions::starting_at(offset);
+        return rope::Positions::multi_axis(ids.data(), axes, 1, shape.tokens);
+    }
+    rope::CosSinCache cos_sin_cache() const {
+        if (table.empty()) return {};
+        return rope::CosSinCache::dense(table.data(), table_rows, config.effective_rotary_dim());
+    }
+    rope::PagedCache cache(bool keys) const {
+        rope::PagedCache c = keys ? k_cache : v_cache;
+        const int64_t offset = keys ? k_offset : v_offset;
+        if (offset >= 0) c.data = const_cast<uint8_t*>(cache_bytes.data()) + offset;
+        const std::vector<float>& scales = keys ? k_scales : v_scales;
+        if (!scales.empty()) c.scale = scales.data(), c.scale_count = int64_t(scales.size());
+        return c;
+    }
+    rope::KvAppendArgs args() const {
+        rope::KvAppendArgs a = rope::KvAppendArgs::in_place(
+            q.view, k.view, v.view, positions(),
+            rope::SlotMapping{slots.empty() ? nullptr : slots.data(), int64_t(slots.size()), rope::Device::host},
+            cache(true), cache(false));
+        if (!shape.in_place) a.q_out = q_out.view, a.k_out = k_out.view;
+        a.cos_sin_cache = cos_sin_cache();
+        return a;
+    }
+    const HostTensor& q_result() const { return shape.in_place ? q : q_out; }
+    const HostTensor& k_result() const { return shape.in_place ? k : k_out; }
+};
+
+// Distinct random slots over a random permutation of the pages (a page table that
+// is not the identity), some of them -1.
+std::vector<int64_t> random_slots(const Shape& shape, std::mt19937_64& rng) {
+    std::vector<int64_t> pages(size_t(shape.pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    std::vector<int64_t> all;
+    for (int64_t p : pages)
+        for (int64_t s = 0; s < shape.page_size; ++s) all.push_back(p * shape.page_size + s);
+    std::shuffle(all.begin(), all.end(), rng);
+    const int64_t count = shape.tokens - shape.tail;
+    std::vector<int64_t> slots(all.begin(), all.begin() + count);
+    for (int64_t i = 0; i < shape.padding && i < count; ++i) slots[size_t((i * 5 + 1) % count)] = -1;
+    return slots;
+}
+
+// Element size of a model-dtype cache.
+int64_t element_of(const Setup& s) {
+    return s.shape.cache_dtype == rope::CacheDType::model ? rope::dtype_size(s.shape.dtype) : 1;
+}
+
+void build_caches(Setup& s) {
+    const Shape& n = s.shape;
+    const int64_t e = element_of(s);
+    const int64_t k_row = n.head_dim, v_row = n.v_dim;
+    int64_t k_elements = 0, v_elements = 0;
+    switch (n.layout) {
+        case CacheLayout::nhd:
+        case CacheLayout::hnd:
+        case CacheLayout::strided_pages: {
+            k_elements = n.pages * n.page_size * n.kv_heads * k_row + (n.layout == CacheLayout::strided_pages ? 13 * n.pages : 0);
+            v_elements = n.pages * n.page_size * n.kv_heads * v_row + (n.layout == CacheLayout::strided_pages ? 13 * n.pages : 0);
+            s.cache_bytes.assign(size_t((k_elements + v_elements) * e + 64), 0);
+            void* k_data = s.cache_bytes.data();
+            void* v_data = s.cache_bytes.data() + k_elements * e + 32;
+            if (n.layout == CacheLayout::hnd) {
+                s.k_cache = rope::PagedCache::hnd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row,
+                                                  n.cache_dtype);
+                s.v_cache = rope::PagedCache::hnd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row,
+                                                  n.cache_dtype);
+            } else {
+                s.k_cache = rope::PagedCache::nhd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row,
+                                                  n.cache_dtype);
+                s.v_cache = rope::PagedCache::nhd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row,
+                                                  n.cache_dtype);
+            }
+            if (n.layout == CacheLayout::strided_pages) {  // 13 unused elements after every page.
+                s.k_cache.stride_page += 13;
+                s.v_cache.stride_page += 13;
+            }
+            break;
+        }
+        case CacheLayout::packed_kv: {  // [pages, page_size, heads, 2, head_dim]
+            REQUIRE(n.v_dim == n.head_dim);
+            s.cache_bytes.assign(size_t(n.pages * n.page_size * n.kv_heads * 2 * k_row * e), 0);
+            s.k_cache = rope::PagedCache::nhd(s.cache_bytes.data(), rope::Device::host, n.pages, n.page_size,
+                                              n.kv_heads, k_row, n.cache_dtype);
+            s.k_cache.stride_head = 2 * k_row;
+            s.k_cache.stride_slot = n.kv_heads * 2 * k_row;
+            s.k_cache.stride_page = n.page_size * n.kv_heads * 2 * k_row;
+            s.v_cache = s.k_cache;
+            s.v_cache.data = s.cache_bytes.data() + k_row * e;
+            break;
+        }
+        case CacheLayout::mla: {
+            REQUIRE(n.kv_heads == 1);
+            s.cache_bytes.assign(size_t(n.pages * n.page_size * (n.head_dim + n.v_dim) * e), 0);
+            const rope::MlaCache mla = rope::mla_cache(s.cache_bytes.data(), n.dtype, rope::Device::host, n.pages,
+                                                       n.page_size, n.v_dim, n.head_dim, n.cache_dtype);
+            s.k_cache = mla.k_cache;
+            s.v_cache = mla.v_cache;
+            break;
+        }
+    }
+    if (n.cache_dtype != rope::CacheDType::model) {
+        for (int64_t h = 0; h < (n.per_head_scales ? n.kv_heads : 1); ++h) {
+            s.k_scales.push_back(n.scale * (1.0f + 0.37f * float(h)));
+            s.v_scales.push_back(n.scale * (1.7f + 0.37f * float(h)));
+        }
+    }
+    s.k_offset = static_cast<uint8_t*>(s.k_cache.data) - s.cache_bytes.data();
+    s.v_offset = static_cast<uint8_t*>(s.v_cache.data) - s.cache_bytes.data();
+    // Poison: every byte NaN-like (0xff is NaN in fp32, fp16, bf16 and both FP8 formats).
+    std::fill(s.cache_bytes.begin(), s.cache_bytes.end(), uint8_t(0xff));
+}
+
+Setup make_setup(const rope::RopeConfig& config, const Shape& shape) {
+    Setup s;
+    s.config = config;
+    s.shape = shape;
+    auto& rng = testing::rng();
+    s.q = testing::make_packed(shape.dtype, {shape.tokens, shape.q_heads, shape.head_dim}, shape.q_pad);
+    s.k = testing::make_packed(shape.dtype, {shape.tokens, shape.kv_heads, shape.head_dim}, shape.q_pad);
+    s.v = testing::make_packed(shape.dtype, {shape.tokens, shape.kv_heads, shape.v_dim}, shape.q_pad);
+    s.q.fill_random();
+    s.k.fill_random();
+    s.v.fill_random();
+    s.q_out = testing::make_packed(shape.dtype, {shape.tokens, shape.q_heads, shape.head_dim});
+    s.k_out = testing::make_packed(shape.dtype, {shape.tokens, shape.kv_heads, shape.head_dim});
+    s.q_out.poison();
+    s.k_out.poison();
+    s.offset = int64_t(rng() % 50);
+    s.slots = random_slots(shape, rng);
+    build_caches(s);
+    return s;
+}
+
+// Runs the call on the backend: directly on the host, or on device copies of every array.
+void run_append(rope::Backend& backend, Setup& s) {
+    if (backend.device() == rope::Device::host) {
+        rope::append_kv(backend, s.config, s.args());
+        return;
+    }
+    // Each host array gets a device copy; pointers into it are moved by the same offset.
+    struct Region {
+        void* host;
+        size_t bytes;
+        rope::Buffer device;
+    };
+    std::vector<Region> regions;
+    auto add = [&](void* host, size_t bytes) {
+        if (host != nullptr && bytes > 0) {
+            regions.push_back({host, bytes, rope::Buffer(rope::Device::cuda, bytes)});
+            regions.back().device.copy_from_host(host);
+        }
+    };
+    add(s.q.storage.data(), s.q.bytes());
+    add(s.k.storage.data(), s.k.bytes());
+    add(s.v.storage.data(), s.v.bytes());
+    add(s.q_out.storage.data(), s.q_out.bytes());
+    add(s.k_out.storage.data(), s.k_out.bytes());
+    add(s.ids.data(), s.ids.size() * 8);
+    add(s.slots.data(), s.slots.size() * 8);
+    add(s.cache_bytes.data(), s.cache_bytes.size());
+    add(s.external, s.external_bytes);
+    add(s.table.data(), s.table.size() * 4);
+    add(s.k_scales.data(), s.k_scales.size() * 4);
+    add(s.v_scales.data(), s.v_scales.size() * 4);
+    auto moved = [&](const void* pointer) -> void* {
+        for (Region& r : regions) {
+            const auto* base = static_cast<const uint8_t*>(r.host);
+            const auto* p = static_cast<const uint8_t*>(pointer);
+            if (p >= base && p < base + r.bytes) return static_cast<uint8_t*>(r.device.data()) + (p - base);
+        }
+        return const_cast<void*>(pointer);
+    };
+    rope::KvAppendArgs a = s.args();
+    for (rope::TensorView* view : {&a.q, &a.k, &a.v, &a.q_out, &a.k_out}) {
+        view->data = moved(view->data);
+        view->device = rope::Device::cuda;
+    }
+    a.positions.ids = static_cast<const int64_t*>(moved(a.positions.ids));
+    a.positions.device = rope::Device::cuda;
+    a.positions.max_position = s.ids.empty() ? 0 : *std::max_element(s.ids.begin(), s.ids.end()) + 1;
+    a.slot_mapping.slots = static_cast<const int64_t*>(moved(a.slot_mapping.slots));
+    a.slot_mapping.device = rope::Device::cuda;
+    for (rope::PagedCache* cache : {&a.k_cache, &a.v_cache}) {
+        cache->data = moved(cache->data);
+        cache->scale = static_cast<const float*>(moved(cache->scale));
+        cache->device = rope::Device::cuda;
+    }
+    if (a.cos_sin_cache.data != nullptr) {
+        a.cos_sin_cache.data = moved(a.cos_sin_cache.data);
+        a.cos_sin_cache.device = rope::Device::cuda;
+    }
+    rope::append_kv(backend, s.config, a);
+    // copy_to_host synchronises (cudaMemcpy on the default stream).
+    for (Region& r : regions) r.device.copy_to_host(r.host);
+}
+
+// Largest position of the call (for the float32 pipeline's tolerance).
+int64_t largest_position(const Setup& s) {
+    if (!s.ids.empty()) return *std::max_element(s.ids.begin(), s.ids.end());
+    return s.offset + s.shape.tokens - 1;
+}
+
+// One storage ulp of |x| in the model dtype (fp32: none; its tolerance is the pipeline's).
+double ulp_of(double x, rope::DType dtype) {
+    if (dtype == rope::DType::f32) return 0;
+    const int mantissa = dtype == rope::DType::bf16 ? 7 : 10;
+    const int min_exponent = dtype == rope::DType::bf16 ? -126 : -14;
+    int exponent = 0;
+    std::frexp(std::fabs(x), &exponent);  // |x| in [2^(exponent-1), 2^exponent)
+    return std::ldexp(1.0, std::max(exponent - 1, min_exponent) - mantissa);
+}
+
+// Reads element `index` of a model-dtype cache.
+double cache_value(const Setup& s, const rope::PagedCache& cache, long index) {
+    const rope::TensorView one{static_cast<uint8_t*>(cache.data) + index * element_of(s), s.shape.dtype,
+                               rope::Device::host, rope::Layout::bhsd, {1, 1, 1, 1}, {1, 1, 1, 1}};
+    return oracle::read(one, 0, 0, 0, 0);
+}
+
+// CHECKs every value of `got` within one storage ulp of `want`, plus the float32 pipeline's bound.
+void check_ulp(const std::vector<double>& got, const std::vector<double>& want, rope::DType dtype, double pipeline,
+               const char* what) {
+    REQUIRE(got.size() == want.size());
+    long bad = 0;
+    size_t first = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+        if (!(std::fabs(got[i] - want[i]) <= ulp_of(want[i], dtype) + pipeline)) {
+            if (bad++ == 0) first = i;
+        }
+    INFO(std::string(what) << ": " << bad << " of " << got.size() << " elements off by more than one ulp + " << pipeline
+              << (bad ? " (first: element " + std::to_string(first) + ", got " + std::to_string(got[first]) +
+                            ", want " + std::to_string(want[first]) + ")"
+                      : std::string()));
+    CHECK(bad == 0);
+}
+
+// Runs the setup on the backend and checks everything the header of this file lists.
+void check_append(rope::Backend& backend, Setup s) {
+    CAPTURE(backend.name());
+    CAPTURE(std::string(layout_label(s.shape.layout)));
+    CAPTURE(rope::dtype_name(s.shape.dtype));
+    CAPTURE(testing::seed());
+    std::vector<long> slots(s.slots.begin(), s.slots.end());
+    const oracle::Appended want = oracle::append_kv(s.config, s.q.view, s.k.view, s.v.view, s.positions(), slots,
+                                                    s.k_cache, s.v_cache, s.cos_sin_cache());
+    const Setup before = s;  // HostTensor copies re-point; cache_bytes is copied too.
+    run_append(backend, s);
+    const double pipeline = testing::fp32_max_abs(largest_position(s));
+    check_ulp(s.q_result().values(), want.q, s.shape.dtype, pipeline, "q_out");
+    check_ulp(s.k_result().values(), want.k, s.shape.dtype, pipeline, "k_out (the live key)");
+    // The cache: written elements hold the oracle's values; every other byte is untouched.
+    std::vector<uint8_t> expected_untouched = before.cache_bytes;
+    const int64_t e = element_of(s);
+    auto check_cache = [&](const rope::PagedCache& cache, const rope::PagedCache& cache_before,
+                           const std::vector<oracle::CacheWrite>& writes, const char* what, bool keys) {
+        std::vector<double> got, expected;
+        const size_t offset = size_t(static_cast<uint8_t*>(cache.data) - s.cache_bytes.data());
+        REQUIRE(offset == size_t(static_cast<uint8_t*>(cache_before.data) - before.cache_bytes.data()));
+        long fp8_wrong = 0, fp8_not_own = 0;
+        for (const oracle::CacheWrite& w : writes) {
+            // Mark the written bytes as they are now, so the comparison below skips them.
+            std::memcpy(expected_untouched.data() + offset + size_t(w.index * e),
+                        s.cache_bytes.data() + offset + size_t(w.index * e), size_t(e));
+            if (cache.dtype == rope::CacheDType::model) {
+                got.push_back(cache_value(s, cache, w.index));
+                expected.push_back(w.value);
+                continue;
+            }
+            const rope::Fp8Format format =
+                cache.dtype == rope::CacheDType::e4m3fn ? rope::Fp8Format::e4m3fn : rope::Fp8Format::e5m2;
+            const uint8_t code = s.cache_bytes[offset + size_t(w.index)];
+            const double scale = cache.scale[cache.scale_count == 1 ? 0 : w.head];
+            // Against the oracle: the reference code of the exact value or, where the float32
+            // pipeline's error (and the float32 division's) could carry the value across rounding
+            // boundaries, a code between the reference codes of the two ends of that error.
+            const double slack = (keys ? pipeline : 0.0) + std::fabs(w.value) * 0x1p-22;
+            const uint8_t exact = testing::reference_fp8(w.value / scale, format);
+            const double low = testing::reference_fp8_value(testing::reference_fp8((w.value - slack) / scale, format), format);
+            const double high = testing::reference_fp8_value(testing::reference_fp8((w.value + slack) / scale, format), format);
+            const double value = testing::reference_fp8_value(code, format);
+            if (code != exact && !(value >= low && value <= high)) {
+                if (fp8_wrong == 0)
+                    MESSAGE("first FP8 mismatch: token " << w.token << " head " << w.head << " feature " << w.feature
+                                                         << ": code " << int(code) << ", reference " << int(exact)
+                                                         << " of " << w.value << " / " << scale);
+                ++fp8_wrong;
+            }
+            if (keys && s.shape.dtype != rope::DType::f32) continue;
+            // Bit-exact against the backend's own float32 value (k_out of an fp32 call holds it
+            // unrounded; v is exact): quantize_fp8's definition, float32 division then one rounding.
+            const float own = float(oracle::read(keys ? s.k_result().view : s.v.view, 0, w.head, w.token, w.feature));
+            if (code != testing::reference_fp8(double(own / float(scale)), format)) ++fp8_not_own;
+        }
+        if (cache.dtype == rope::CacheDType::model) check_ulp(got, expected, s.shape.dtype, pipeline, what);
+        INFO(std::string(what) << ": " << fp8_wrong << " of " << writes.size() << " FP8 codes differ from the reference");
+        CHECK(fp8_wrong == 0);
+        INFO(std::string(what) << ": " << fp8_not_own << " FP8 codes are not the reference's of the backend's own float32 value");
+        CHECK(fp8_not_own == 0);
+    };
+    check_cache(s.cache(true), before.cache(true), want.k_cache, "k_cache rows", true);
+    check_cache(s.cache(false), before.cache(false), want.v_cache, "v_cache rows", false);
+    size_t changed = 0;
+    for (size_t i = 0; i < s.cache_bytes.size(); ++i) changed += s.cache_bytes[i] != expected_untouched[i];
+    INFO("cache bytes written outside the slots' rows: " << changed);
+    CHECK(changed == 0);
+    // Inputs: v always, q and k when out of place, byte for byte.
+    CHECK(s.v.storage == before.v.storage);
+    if (!s.shape.in_place) {
+        CHECK(s.q.storage == before.q.storage);
+        CHECK(s.k.storage == before.k.storage);
+    }
+}
+
+rope::RopeConfig config_of(int64_t head_dim, int64_t rotary_dim = 0, rope::Style style = rope::Style::half_split) {
+    rope::RopeConfig config;
+    config.head_dim = head_dim;
+    config.rotary_dim = rotary_dim;
+    config.style = style;
+    return config;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv: cache layouts x dtypes x pairings x GQA, in and out of place", B, layouts) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (CacheLayout layout : {CacheLayout::nhd, CacheLayout::hnd, CacheLayout::packed_kv, CacheLayout::strided_pages})
+        for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16, rope::DType::f16})
+            for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved})
+                for (bool in_place : {true, false}) {
+                    Shape shape;
+                    shape.layout = layout;
+                    shape.dtype = dtype;
+                    shape.in_place = in_place;
+                    shape.q_pad = in_place ? 0 : 3;  // Strided q, k, v rows.
+                    check_append(*backend, make_setup(config_of(32, 0, style), shape));
+                }
+}
+TEST_CASE_TEMPLATE_APPLY(layouts, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv: MLA, k_pe [T, 1, 64] rotated into [pages, page_size, 512 + 64] after kv_c", B,
+                          mla) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (rope::DType dtype : {rope::DType::bf16, rope::DType::f32}) {
+        Shape shape;
+        shape.layout = CacheLayout::mla;
+        shape.dtype = dtype;
+        shape.q_heads = 16;  // q_pe of every head rotated too.
+        shape.kv_heads = 1;
+        shape.head_dim = 64;
+        shape.v_dim = 512;
+        shape.page_size = 8;
+        shape.tokens = 9;
+        check_append(*backend, make_setup(config_of(64, 0, rope::Style::interleaved), shape));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(mla, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv: every angle form (partial rotary, M-RoPE ids, cos/sin table, precise, linear)",
+                          B, angles) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    Shape shape;
+    shape.dtype = rope::DType::bf16;
+    SUBCASE("partial rotary") { check_append(*backend, make_setup(config_of(32, 16), shape)); }
+    SUBCASE("M-RoPE with distinct temporal, height and width ids") {
+        rope::RopeConfig config = config_of(32);
+        config.multi_axis.assignment = rope::AxisAssignment::mrope_contiguous;
+        config.multi_axis.sections = {4, 6, 6};
+        Setup s = make_setup(config, shape);
+        s.axes = 3;
+        for (int64_t a = 0; a < 3; ++a)
+            for (int64_t t = 0; t < shape.tokens; ++t) s.ids.push_back(3 + t * (a + 1) + 7 * a);
+        check_append(*backend, s);
+    }
+    SUBCASE("a caller's cos/sin table") {
+        rope::RopeConfig config = config_of(32);
+        Setup s = make_setup(config, shape);
+        s.table_rows = 64;
+        s.table = rope::make_cos_sin_cache(config, s.table_rows);
+        check_append(*backend, s);
+    }
+    SUBCASE("precise angles at large positions, linear scaling") {
+        rope::RopeConfig config = config_of(32);
+        config.precise_angles = true;
+        config.scaling.type = rope::ScalingType::linear;
+        config.scaling.factor = 4.0;
+        Setup s = make_setup(config, shape);
+        s.offset = 100000;
+        check_append(*backend, s);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(angles, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv: FP8 caches (e4m3fn, e5m2), per-tensor and per-head scales, bit-exact", B, fp8) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (rope::CacheDType format : {rope::CacheDType::e4m3fn, rope::CacheDType::e5m2})
+        for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16, rope::DType::f16})
+            for (bool per_head : {false, true})
+                for (CacheLayout layout : {CacheLayout::nhd, CacheLayout::packed_kv}) {
+                    CAPTURE(rope::cache_dtype_name(format));
+                    CAPTURE(per_head);
+                    Shape shape;
+                    shape.dtype = dtype;
+                    shape.layout = layout;
+                    shape.cache_dtype = format;
+                    shape.scale = 0.0123f;  // Not a power of two: x / s rounds as its own quotient.
+                    shape.per_head_scales = per_head;
+                    shape.tokens = 12;
+                    shape.tail = 2;
+                    check_append(*backend, make_setup(config_of(32, 24), shape));
+                }
+    // MLA with an FP8 cache.
+    Shape shape;
+    shape.layout = CacheLayout::mla;
+    shape.cache_dtype = rope::CacheDType::e4m3fn;
+    shape.dtype = rope::DType::bf16;
+    shape.kv_heads = 1;
+    shape.head_dim = 64;
+    shape.v_dim = 512;
+    shape.scale = 0.02f;
+    check_append(*backend, make_setup(config_of(64, 0, rope::Style::interleaved), shape));
+}
+TEST_CASE_TEMPLATE_APPLY(fp8, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: FP8 saturates (scale != 1): overflow gives +-max, never inf or NaN", B,
+                          fp8_saturation) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // Inputs up to 2 in magnitude (rotated: up to 2.83) over scales that put most of them past
+    // the format's largest finite value (448 for e4m3fn, 57344 for e5m2).
+    for (auto [format, scale, max_code] : {std::tuple{rope::CacheDType::e4m3fn, 1.0f / 1024, uint8_t(0x7e)},
+                                           std::tuple{rope::CacheDType::e5m2, 1.0f / 65536 / 3, uint8_t(0x7b)}}) {
+        CAPTURE(rope::cache_dtype_name(format));
+        Shape shape;
+        shape.cache_dtype = format;
+        shape.scale = scale;
+        shape.padding = shape.tail = 0;
+        Setup s = make_setup(config_of(32), shape);
+        check_append(*backend, s);  // Codes equal to the saturating reference's.
+        run_append(*backend, s);    // Once more, to count the codes.
+        long saturated = 0, not_finite = 0;
+        for (int64_t slot : s.slots)
+            for (int64_t h = 0; h < shape.kv_heads; ++h)
+                for (bool keys : {true, false}) {
+                    const rope::PagedCache c = s.cache(keys);
+                    const int64_t row = (slot / c.page_size) * c.stride_page + (slot % c.page_size) * c.stride_slot +
+                                        h * c.stride_head;
+                    for (int64_t d = 0; d < c.head_dim; ++d) {
+                        const uint8_t code = static_cast<uint8_t*>(c.data)[row + d] & 0x7f;
+                        saturated += code == max_code;
+                        not_finite += format == rope::CacheDType::e4m3fn ? code == 0x7f : code >= 0x7c;
+                    }
+                }
+        CHECK(saturated > 100);
+        CHECK(not_finite == 0);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(fp8_saturation, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: the rotated k is written back to the live k, not only to the cache", B,
+                          written_back) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // check_append compares k_out (here k itself, in place) with the oracle's rotation for every
+    // token: an implementation that wrote the rotated k only into the cache leaves k unrotated.
+    for (bool in_place : {true, false}) {
+        Shape shape;
+        shape.in_place = in_place;
+        shape.padding = 0;
+        shape.tail = 0;
+        shape.head_dim = shape.v_dim = 64;
+        check_append(*backend, make_setup(config_of(64), shape));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(written_back, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: padding (slot -1, tokens past slot_count) rotated, never cached", B,
+                          padding) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // check_append requires every token of q_out/k_out rotated (skipping padding leaves the
+    // poison) and no cache byte outside the non-padding rows written.
+    Shape shape;
+    shape.tokens = 8;
+    shape.padding = 3;
+    shape.tail = 3;
+    check_append(*backend, make_setup(config_of(32), shape));
+    shape.tail = shape.tokens;  // slot_count 0: nothing cached at all.
+    shape.padding = 0;
+    check_append(*backend, make_setup(config_of(32), shape));
+}
+TEST_CASE_TEMPLATE_APPLY(padding, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: the angle comes from the positions, never from the slot", B, angle_not_slot) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // After eviction or compaction a token's slot and position differ. Two calls with the same
+    // positions and other slots must rotate alike, and match the oracle's rotation by position.
+    Shape shape;
+    shape.padding = 0;
+    shape.tail = 0;
+    Setup first = make_setup(config_of(32), shape);
+    first.offset = 3;
+    Setup second = first;
+    std::reverse(second.slots.begin(), second.slots.end());
+    for (int64_t& slot : second.slots) slot = (slot + 5) % (shape.pages * shape.page_size);
+    check_append(*backend, first);
+    check_append(*backend, second);
+    run_append(*backend, first);
+    run_append(*backend, second);
+    CHECK(first.k.storage == second.k.storage);
+    CHECK(first.q.storage == second.q.storage);
+}
+TEST_CASE_TEMPLATE_APPLY(angle_not_slot, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: permuted page tables and strided pages", B, pages) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // random_slots spreads the tokens over a shuffled page table; strided_pages leaves 13 unused
+    // elements after every page: a kernel that assumes contiguous pages writes the wrong rows.
+    for (CacheLayout layout : {CacheLayout::strided_pages, CacheLayout::hnd}) {
+        Shape shape;
+        shape.layout = layout;
+        shape.pages = 16;
+        shape.page_size = 3;
+        shape.tokens = 20;
+        shape.dtype = rope::DType::bf16;
+        check_append(*backend, make_setup(config_of(32), shape));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(pages, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: positions past the cos/sin table are refused", B, table_bounds) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    Shape shape;
+    Setup s = make_setup(config_of(32), shape);
+    s.table_rows = 16;
+    s.table = rope::make_cos_sin_cache(s.config, s.table_rows);
+    s.offset = 16 - shape.tokens + 1;  // The last token's position is the table's row count.
+    const std::vector<uint8_t> cache = s.cache_bytes;
+    if (backend->device() == rope::Device::host) {
+        CHECK_THROWS_WITH_AS(rope::append_kv(*backend, s.config, s.args()),
+                             doctest::Contains("must be < cos_sin_cache.rows = 16"), rope::Error);
+        CHECK(s.cache_bytes == cache);
+    } else {
+        // Device positions cannot be checked: the kernels read no row outside the table (NaN).
+        s.ids.resize(size_t(shape.tokens));
+        std::iota(s.ids.begin(), s.ids.end(), s.offset);
+        run_append(*backend, s);
+        CHECK(std::isnan(s.k.values().back()));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(table_bounds, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv: a slot past the cache is refused on the host, skipped on a device", B,
+                          slot_bounds) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    Shape shape;
+    shape.padding = shape.tail = 0;
+    Setup s = make_setup(config_of(32), shape);
+    s.slots[2] = shape.pages * shape.page_size + 5;  // Past the cache.
+    if (backend->device() == rope::Device::host) {
+        const std::vector<uint8_t> cache = s.cache_bytes;
+        CHECK_THROWS_WITH_AS(rope::append_kv(*backend, s.config, s.args()),
+                             doctest::Contains("slot_mapping.slots[2] = 29"), rope::Error);
+        CHECK(s.cache_bytes == cache);
+    } else {
+        // Device slots cannot be read before the launch: the token is rotated, written nowhere
+        // in the caches (the oracle's rule too), and every other token is cached.
+        check_append(*backend, s);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(slot_bounds, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: 64-bit offsets, a slot past 2^31 elements of the cache", B, large_offsets) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // Two pages of one slot, the second starting 2^31 + 64 fp32 elements (8 GiB) in, in a
+    // sparse host mapping (only the pages touched take memory; a CUDA backend gets a device
+    // copy of all of it). Each page holds [k row | v row]: slot * stride_page in 32 bits
+    // would wrap and write the wrong place.
+    const int64_t stride_page = (int64_t(1) << 31) + 64;
+    const size_t bytes = size_t(stride_page + 64) * 4;
+    if (backend->device() == rope::Device::cuda && testing::cuda::free_device_memory() < bytes + (size_t(256) << 20)) {
+        testing::report_skip("append_kv large offsets on " + backend->name(), "less than 8.3 GiB of device memory free");
+        return;
+    }
+    void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) {
+        testing::report_skip("append_kv large offsets", "no sparse mapping of 8 GiB on this machine");
+        return;
+    }
+    Shape shape;
+    shape.tokens = 2;
+    shape.kv_heads = shape.q_heads = 1;
+    shape.pages = 2;
+    shape.page_size = 1;
+    shape.padding = shape.tail = 0;
+    Setup s = make_setup(config_of(32), shape);
+    auto* base = static_cast<float*>(map);
+    s.k_offset = s.v_offset = -1;
+    s.k_cache = rope::PagedCache::nhd(base, rope::Device::host, 2, 1, 1, 32);
+    s.k_cache.stride_page = stride_page;
+    s.v_cache = s.k_cache;
+    s.v_cache.data = base + 32;
+    s.slots = {1, 0};
+    s.external = map;
+    s.external_bytes = bytes;
+    const std::vector<double> v = s.v.values();  // [1 head][2 tokens][32]
+    run_append(*backend, s);
+    const std::vector<double> k = s.k.values();  // Rotated in place.
+    long wrong = 0;
+    for (int64_t d = 0; d < 32; ++d) {
+        wrong += double(base[stride_page + d]) != k[size_t(d)];        // Token 0 -> slot 1, past 2^31.
+        wrong += double(base[stride_page + 32 + d]) != v[size_t(d)];
+        wrong += double(base[d]) != k[size_t(32 + d)];                 // Token 1 -> slot 0.
+        wrong += double(base[32 + d]) != v[size_t(32 + d)];
+    }
+    CHECK(wrong == 0);
+    CHECK(base[64] == 0.0f);  // Nothing written after the first page's rows.
+    munmap(map, bytes);
+}
+TEST_CASE_TEMPLATE_APPLY(large_offsets, AllBackends);
+
+TEST_CASE("append_kv rejects bad input, naming the parameter, and writes nothing") {
+    auto backend = rope::make_backend("cpu-naive");
+    Shape shape;  // f32, 7 tokens, q 4 heads, k and v 2 heads of 32, 6 pages of 4 slots.
+    shape.in_place = false;
+    struct Bad {
+        const char* parameter;
+        std::function<void(Setup&, rope::KvAppendArgs&)> spoil;
+    };
+    const Bad cases[] = {
+        {"slot_mapping.slots[0] = 24", [](Setup& s, rope::KvAppendArgs&) { s.slots[0] = 24; }},
+        {"slot_mapping.slots[", [](Setup& s, rope::KvAppendArgs&) { s.slots[1] = s.slots[2] = 5; }},
+        {"slot_mapping.count = 8", [](Setup&, rope::KvAppendArgs& a) { a.slot_mapping.count = 8; }},
+        {"slot_mapping.count = -1", [](Setup&, rope::KvAppendArgs& a) { a.slot_mapping.count = -1; }},
+        {"slot_mapping.slots = null", [](Setup&, rope::KvAppendArgs& a) { a.slot_mapping.slots = nullptr; }},
+        {"slot_mapping.device = cuda", [](Setup&, rope::KvAppendArgs& a) { a.slot_mapping.device = rope::Device::cuda; }},
+        {"k_cache.heads = 3", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.heads = 3; }},
+        {"v_cache.head_dim = 16", [](Setup&, rope::KvAppendArgs& a) { a.v_cache.head_dim = 16; }},
+        {"k_cache.pages = 0", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.pages = 0; }},
+        {"k_cache.page_size = 0", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.page_size = 0; }},
+        {"v_cache.pages = 5", [](Setup&, rope::KvAppendArgs& a) { a.v_cache.pages = 5; }},
+        {"v_cache.page_size = 2", [](Setup&, rope::KvAppendArgs& a) { a.v_cache.page_size = 2; }},
+        {"k_cache.stride_slot = -1", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.stride_slot = -1; }},
+        {"k_cache.strides", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.stride_head = 16; }},
+        {"k_cache.strides", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.stride_page = a.k_cache.stride_slot; }},
+        {"k_cache.pages = 6", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.stride_page = int64_t(1) << 62; }},
+        {"k_cache.data = null", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.data = nullptr; }},
+        {"k_cache.device = cuda", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.device = rope::Device::cuda; }},
+        {"k_cache.data", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.data = static_cast<char*>(a.k_cache.data) + 1; }},
+        {"k_cache.scale_count = 1",
+         [](Setup& s, rope::KvAppendArgs& a) { a.k_cache.scale = &s.scale_value, a.k_cache.scale_count = 1; }},
+        {"v_cache.data", [](Setup&, rope::KvAppendArgs& a) { a.v_cache.data = static_cast<char*>(a.k_cache.data) + 64; }},
+        {"v_cache.data", [](Setup&, rope::KvAppendArgs& a) { a.v_cache.data = a.k_cache.data; }},
+        {"k_cache.data",
+         [](Setup& s, rope::KvAppendArgs& a) { a.k_cache.data = s.q.storage.data(), a.k_cache.pages = a.v_cache.pages = 1; }},
+        {"v heads = 1",
+         [](Setup& s, rope::KvAppendArgs& a) { s.spare = testing::make_packed(s.shape.dtype, {7, 1, 32}), a.v = s.spare.view; }},
+        {"v seq = 6",
+         [](Setup& s, rope::KvAppendArgs& a) { s.spare = testing::make_packed(s.shape.dtype, {6, 2, 32}), a.v = s.spare.view; }},
+        {"v.dtype = bf16",
+         [](Setup& s, rope::KvAppendArgs& a) { s.spare = testing::make_packed(rope::DType::bf16, {7, 2, 32}), a.v = s.spare.view; }},
+        {"v.device = cuda", [](Setup&, rope::KvAppendArgs& a) { a.v.device = rope::Device::cuda; }},
+        {"v.data = null", [](Setup&, rope::KvAppendArgs& a) { a.v.data = nullptr; }},
+        {"v feature stride = 2",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.spare = testing::make_packed(s.shape.dtype, {7, 2, 32}, 0, 2), a.v = s.spare.view;
+         }},
+        {"k_out.data", [](Setup&, rope::KvAppendArgs& a) { a.k_out = a.v; }},
+        {"q batch = 7",
+         [](Setup&, rope::KvAppendArgs& a) {
+             for (rope::TensorView* view : {&a.q, &a.k, &a.q_out, &a.k_out}) {
+                 const auto st = view->strides;
+                 view->layout = rope::Layout::bshd;
+                 view->shape = {view->shape[0], 1, view->shape[1], view->shape[2]};
+                 view->strides = {st[0], st[0], st[1], st[2]};
+             }
+         }},
+        {"k heads = 0", [](Setup&, rope::KvAppendArgs& a) { a.k.shape[1] = a.k_out.shape[1] = 0; }},
+        {"q feature stride = 2",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.spare = testing::make_packed(s.shape.dtype, {7, 4, 32}, 0, 2), a.q = s.spare.view;
+         }},
+        {"positions.offset = -1", [](Setup&, rope::KvAppendArgs& a) { a.positions.offset = -1; }},
+        {"k_cache.scale = null", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.dtype = rope::CacheDType::e4m3fn; }},
+        {"v_cache.scale_count = 3",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales.assign(3, 0.5f);
+             a.v_cache.dtype = rope::CacheDType::e5m2, a.v_cache.scale = s.k_scales.data(), a.v_cache.scale_count = 3;
+         }},
+        {"k_cache.scale[1] = 0",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {0.5f, 0.0f};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 2;
+         }},
+        {"k_cache.scale[0] = -1",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {-1.0f};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
+         }},
+        {"k_cache.scale[0] = nan",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {NAN};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
+         }},
+        {"k_cache.scale[0] = inf",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {INFINITY};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
+         }},
+    };
+    for (const Bad& bad : cases) {
+        CAPTURE(std::string(bad.parameter));
+        Setup s = make_setup(config_of(32), shape);
+        rope::KvAppendArgs a = s.args();
+        bad.spoil(s, a);
+        const Setup before = s;
+        CHECK_THROWS_WITH_AS(rope::append_kv(*backend, s.config, a), doctest::Contains(bad.parameter), rope::Error);
+        CHECK(s.cache_bytes == before.cache_bytes);
+        CHECK(s.q_out.storage == before.q_out.storage);
+        CHECK(s.k_out.storage == before.k_out.storage);
+        CHECK(s.q.storage == before.q.storage);
+        CHECK(s.k.storage == before.k.storage);
+    }
+}
+
+TEST_CASE("append_kv: caches that interleave in one buffer are told apart exactly") {
+    // A packed [K|V] buffer and an MLA row interleave k and v within one byte range: accepted;
+    // the same caches shifted by one element so that rows share a byte: rejected.
+    auto backend = rope::make_backend("cpu-naive");
+    for (CacheLayout layout : {CacheLayout::packed_kv, CacheLayout::mla}) {
+        Shape shape;
+        shape.layout = layout;
+        if (layout == CacheLayout::mla) shape.kv_heads = 1, shape.v_dim = 48, shape.q_heads = 2;
+        Setup s = make_setup(config_of(32), shape);
+        CHECK_NOTHROW(rope::append_kv(*backend, s.config, s.args()));
+        rope::KvAppendArgs a = s.args();
+        a.v_cache.data = static_cast<float*>(a.v_cache.data) + 1;
+        CHECK_THROWS_WITH_AS(rope::append_kv(*backend, s.config, a), doctest::Contains("v_cache.data"), rope::Error);
+    }
+}
+
+TEST_CASE("docs/api.md: the append_kv example runs as shown") {
+    //! [append_kv example]
+    // One decode step of three sequences (one new token each), GQA: q 8 heads, k and v 2, head_dim 64.
+    rope::RopeConfig config;
+    config.head_dim = 64;
+    const int64_t tokens = 3, q_heads = 8, kv_heads = 2, dim = 64, pages = 16, page_size = 16;
+    std::vector<float> q(tokens * q_heads * dim, 0.5f), k(tokens * kv_heads * dim, 0.25f), v(tokens * kv_heads * dim, 1.0f);
+    std::vector<float> k_cache(pages * page_size * kv_heads * dim), v_cache(k_cache.size());
+
+    // Each sequence's length so far is its new token's position (the angle) ...
+    const std::vector<int64_t> positions = {17, 3, 40};
+    // ... and its page table names the cache slot: slot = page * page_size + offset in the page.
+    const std::vector<int64_t> slots = {5 * page_size + 1, 2 * page_size + 3, 9 * page_size + 8};
+
+    auto backend = rope::make_backend("cpu-naive");
+    const auto host = rope::Device::host;
+    rope::KvAppendArgs args = rope::KvAppendArgs::in_place(
+        rope::TensorView::packed(q.data(), rope::DType::f32, host, {tokens, q_heads, dim}),
+        rope::TensorView::packed(k.data(), rope::DType::f32, host, {tokens, kv_heads, dim}),
+        rope::TensorView::packed(v.data(), rope::DType::f32, host, {tokens, kv_heads, dim}),
+        rope::Positions::shared(positions.data(), tokens),
+        rope::SlotMapping{slots.data(), tokens, host},
+        rope::PagedCache::nhd(k_cache.data(), host, pages, page_size, kv_heads, dim),
+        rope::PagedCache::nhd(v_cache.data(), host, pages, page_size, kv_heads, dim));
+    rope::append_kv(*backend, config, args);  // q and k rotated in place; k and v appended
+    //! [append_kv example]
+    // Token 1's rotated k (head 0) is in slot 2 * 16 + 3, and its v beside it in the v cache.
+    const int64_t row = (2 * page_size + 3) * kv_heads * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+        CHECK(k_cache[size_t(row + d)] == k[size_t(kv_heads * dim + d)]);
+        CHECK(v_cache[size_t(row + d)] == 1.0f);
+    }
+    CHECK(k[size_t(kv_heads * dim + 1)] != 0.25f);  // Rotated (position 3).
+}
+
+TEST_CASE("randomised differential run: append_kv on every available backend vs the oracle") {
+    // Random calls from a seeded engine: pairing, partial rotary, M-RoPE ids, a cos/sin table,
+    // precise angles, linear scaling; dtype; tokens, GQA heads, head_dim and v's; pages and page
+    // size; cache layout (NHD, HND, packed [K|V], padded pages, MLA) and dtype (model, e4m3fn,
+    // e5m2; per-tensor or per-head scales); padding slots and a short slot list; strided q, k,
+    // v; in place or not. Each runs on every available backend through check_append (the oracle,
+    // the cache bytes, the inputs). ROPE_DIFFERENTIAL_CONFIGS sets how many (default 150).
+    const char* env = std::getenv("ROPE_DIFFERENTIAL_CONFIGS");
+    const long configs = env ? std::min(std::atol(env), 400L) : 150;
+    std::mt19937_64 rng(testing::seed() ^ 0xa99e9dULL);
+    auto pick = [&](int64_t low, int64_t high) { return std::uniform_int_distribution<int64_t>(low, high)(rng); };
+    std::vector<std::unique_ptr<rope::Backend>> backends;
+    for (const rope::BackendInfo& info : rope::list_backends())
+        if (info.available) backends.push_back(rope::make_backend(info.name));
+    for (long index = 0; index < configs; ++index) {
+        CAPTURE(index);
+        Shape shape;
+        shape.layout = CacheLayout(pick(0, 4));
+        shape.dtype = rope::DType(pick(0, 2));
+        shape.cache_dtype = rope::CacheDType(pick(0, 2));
+        shape.per_head_scales = pick(0, 1) == 1;
+        shape.scale = float(std::ldexp(1.0 + double(pick(0, 999)) / 1000.0, int(pick(-9, 2))));
+        shape.tokens = pick(1, 40);
+        shape.kv_heads = shape.layout == CacheLayout::mla ? 1 : pick(1, 4);
+        shape.q_heads = shape.kv_heads * pick(0, 3);  // 0: k alone.
+        shape.head_dim = 2 * pick(1, 48);
+        shape.v_dim = shape.layout == CacheLayout::packed_kv ? shape.head_dim : pick(1, 96);
+        shape.page_size = pick(1, 16);
+        shape.pages = (shape.tokens + shape.page_size - 1) / shape.page_size + pick(0, 4);
+        shape.tail = pick(0, shape.tokens);
+        shape.padding = pick(0, 3);
+        shape.in_place = pick(0, 1) == 1;
+        shape.q_pad = pick(0, 1) * pick(1, 5);
+        rope::RopeConfig config = config_of(shape.head_dim, 2 * pick(1, shape.head_dim / 2),
+                                            pick(0, 1) ? rope::Style::interleaved : rope::Style::half_split);
+        const int64_t pairs = config.effective_rotary_dim() / 2;
+        const int64_t form = pick(0, 4);  // offset, M-RoPE ids, table, precise, linear
+        if (form == 1 && pairs >= 3) {
+            config.multi_axis.assignment = pick(0, 1) ? rope::AxisAssignment::mrope_contiguous : rope::AxisAssignment::single;
+            if (config.multi_axis.assignment != rope::AxisAssignment::single) {
+                const int64_t t = pick(1, pairs - 2), h = pick(1, pairs - t - 1);
+                config.multi_axis.sections = {t, h, pairs - t - h};
+            }
+        }
+        if (form == 3) config.precise_angles = true;
+        if (form == 4) config.scaling.type = rope::ScalingType::linear, config.scaling.factor = 1.0 + double(pick(0, 30));
+        Setup s = make_setup(config, shape);
+        if (form == 1) {
+            s.axes = config.multi_axis.axes();
+            for (int64_t a = 0; a < s.axes; ++a)
+                for (int64_t t = 0; t < shape.tokens; ++t) s.ids.push_back(pick(0, 4000));
+        }
+        if (form == 2) {
+            s.table_rows = s.offset + shape.tokens + pick(0, 10);
+            s.table = rope::make_cos_sin_cache(config, s.table_rows);
+        }
+        if (form == 3) s.offset = pick(0, 1000000);
+        for (const auto& backend : backends) {
+            if (config.effective_rotary_dim() > backend->limits().max_rotary_dim) continue;
+            check_append(*backend, s);
+        }
+    }
+}
