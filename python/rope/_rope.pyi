@@ -266,6 +266,11 @@ def slot_mapping_from_block_table(block_table: object, cache_seqlens: object, cu
     rope::slot_mapping_from_block_table on int64 DLPack arrays (rope.slot_mapping_from_block_table is the documented entry point).
     """
 
+def apply_qk_norm(backend: str, config: RopeConfig, q: object | None, k: object | None, q_out: object | None, k_out: object | None, qkv: object | None, q_heads: int, kv_heads: int, v_out: object | None, q_weight: object | None, k_weight: object | None, kind: str, rounding: str, eps: float, layout: str, offset: int, ids: object | None, cos_sin_cache: object | None, stream: int, bfloat16_bits: int) -> None:
+    """
+    One rope::apply_qk_norm call on DLPack arrays (rope.apply_qk_norm is the documented entry point).
+    """
+
 def rerotate(backend: str, config: RopeConfig, k: object | None, k_out: object | None, layout: str, from_offset: int, from_ids: object | None, from_max_position: int, to_offset: int, to_ids: object | None, to_max_position: int, stream: int, bfloat16_bits: int) -> None:
     """
     One rope::rerotate call on DLPack arrays (all positional; rope.rerotate is the documented entry point).
