@@ -21,6 +21,7 @@
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/rotation.hpp"
+#include "to_half.hpp"
 
 namespace rope {
 namespace {
@@ -91,6 +92,8 @@ public:
     BackendLimits limits() const override { return cuda_detail::cuda_limits(); }
     void run(const Plan& plan) override {
         cuda_detail::check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
+        // HF's DeepSeek order writes pairs where other pairs are read: a kernel that reads a row whole first.
+        if (plan.style == Style::interleaved_to_half) return cuda_detail::launch_to_half(plan);
         NaiveArgs args{};
         args.operands[0] = plan.q;
         args.operands[1] = plan.k;

@@ -3,6 +3,7 @@
 // every other row falls back to; row.hpp lists them all).
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -116,7 +117,37 @@ void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const
     for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d * out.stride] = in.data[d * in.stride];
 }
 
+// HF's DeepSeek order (Style::interleaved_to_half): pair i is read from features
+// (2i, 2i+1) and written to (i, i + rotary_dim/2), which are other pairs' inputs.
+// So the whole window is rotated into this thread's buffer before any of it is
+// written, which keeps an in-place call right. Scalar: the window is short (64
+// features in DeepSeek) and the compiler vectorises the loops it can.
+template <typename Storage>
+void rotate_row_to_half(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin, RowShape shape) {
+    thread_local std::vector<float> rotated;
+    if (rotated.size() < size_t(shape.rotary_dim)) rotated.resize(size_t(shape.rotary_dim));
+    for (int64_t i = 0; i < shape.pairs; ++i) {
+        float x = to_float(in.data[2 * i * in.stride]);
+        float y = to_float(in.data[(2 * i + 1) * in.stride]);
+        rotate_pair(x, y, cos[i], sin[i]);
+        rotated[size_t(i)] = x;
+        rotated[size_t(shape.pairs + i)] = y;
+    }
+    for (int64_t d = 0; d < shape.rotary_dim; ++d) out.data[d * out.stride] = from_float<Storage>(rotated[size_t(d)]);
+    if (out.data == in.data) return;
+    for (int64_t d = shape.rotary_dim; d < shape.head_dim; ++d) out.data[d * out.stride] = in.data[d * in.stride];
+}
+
 }  // namespace
+
+template <typename Storage>
+RowKernel<Storage> to_half_row_kernel() {
+    return rotate_row_to_half<Storage>;
+}
+
+template RowKernel<float> to_half_row_kernel<float>();
+template RowKernel<float16> to_half_row_kernel<float16>();
+template RowKernel<bfloat16> to_half_row_kernel<bfloat16>();
 
 template <typename Storage>
 RowKernel<Storage> eigen_row_kernel(Style style, bool contiguous) {

@@ -8,7 +8,8 @@
 // operand and call (pick_row_kernel in backend.cpp) and calls it through a
 // pointer for every row.
 //
-//   rotate_row.cpp  float32 rows, and strided rows of any type: Eigen arrays.
+//   rotate_row.cpp  float32 rows, and strided rows of any type: Eigen arrays;
+//                   and any row in HF's DeepSeek order (to_half_row_kernel).
 //   half_rows.cpp   contiguous fp16/bf16 rows: widened to float32, rotated,
 //                   rounded back; with the processor's own conversions and
 //                   AVX-512 where it has them.
@@ -45,6 +46,11 @@ constexpr int64_t kMaxWidenedDim = 1024;
 // whose features are not adjacent (@p contiguous false).
 template <typename Storage>
 RowKernel<Storage> eigen_row_kernel(Style style, bool contiguous);
+
+// The kernel for HF's DeepSeek order, Style::interleaved_to_half (rotate_row.cpp), for
+// any storage and stride: it reads a row's whole window before writing it.
+template <typename Storage>
+RowKernel<Storage> to_half_row_kernel();
 
 // The kernel for a contiguous fp16/bf16 row (half_rows.cpp): the fastest this
 // processor runs; nullptr when none applies (rotary_dim > kMaxWidenedDim without

@@ -19,6 +19,7 @@
 #include "rope/detail/backend_factories.hpp"
 #include "device_launch.cuh"
 #include "row_access.cuh"
+#include "to_half.hpp"
 #include "unit_kernel.cuh"
 
 namespace rope {
@@ -83,6 +84,9 @@ public:
     BackendLimits limits() const override { return cuda_limits(); }
     void run(const Plan& plan) override {
         check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
+        // HF's DeepSeek order: the shared kernel of its own (to_half.cu), which reads a row's window
+        // whole before writing it; the unit kernel's instantiations for the other styles stay as they are.
+        if (plan.style == Style::interleaved_to_half) return launch_to_half(plan);
         const DeviceInfo device = current_device_info();
         dispatch_dtype(plan.dtype, [&](auto storage) {
             using Storage = decltype(storage);
