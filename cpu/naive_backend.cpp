@@ -13,8 +13,8 @@
 //   (x, y) <- (x cos - y sin, y cos + x sin)     (rotate_pair; sin negated for the inverse),
 //                                                read and written in place by rotate_pair_in_memory
 // and the features past rotary_dim are copied through unchanged. HF's DeepSeek
-// order (Style::interleaved_to_half) writes pair i to (i, i + rotary_dim/2)
-// (output_pair_elements), after the whole row is read. A rotary window past
+// order (Style::interleaved_to_half) writes pair i to (i, i + rotary_dim/2), and
+// its reverse to (2i, 2i+1) (output_pair_elements), after the whole row is read. A rotary window past
 // feature 0 arrives as plans of its own (detail::window_parts).
 #include <memory>
 #include <vector>
@@ -37,7 +37,7 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
 
     // HF's DeepSeek order writes a pair where other pairs are read: the rotated row is
     // gathered here first and written once all of it is read (safe in place).
-    const bool to_half = plan.style == Style::interleaved_to_half;
+    const bool to_half = reorders(plan.style);
     std::vector<float> rotated(to_half ? size_t(plan.rotary_dim) : 0);
 
     for (int64_t b = 0; b < g.batch; ++b) {

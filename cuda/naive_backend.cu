@@ -93,7 +93,7 @@ public:
     void run(const Plan& plan) override {
         cuda_detail::check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
         // HF's DeepSeek order writes pairs where other pairs are read: a kernel that reads a row whole first.
-        if (plan.style == Style::interleaved_to_half) return cuda_detail::launch_to_half(plan);
+        if (reorders(plan.style)) return cuda_detail::launch_to_half(plan);
         NaiveArgs args{};
         args.operands[0] = plan.q;
         args.operands[1] = plan.k;

@@ -1,4 +1,4 @@
-// HF's DeepSeek order (Style::interleaved_to_half) on the GPU, shared by cuda-naive and
+// HF's DeepSeek order (Style::interleaved_to_half, and its reverse half_to_interleaved) on the GPU, shared by cuda-naive and
 // cuda-optimized: a kernel of its own, so that neither backend's kernels for the other
 // styles change. See to_half.hpp.
 #include <algorithm>
@@ -19,6 +19,7 @@ struct ToHalfArgs {
     Operand operands[2];       // [0] = q, [1] = k (k may have no heads).
     PositionSource positions;  // Device-resident ids or cu_seqlens, or an offset.
     AngleArgs<kMaxPairs> angles;
+    Style style;     // interleaved_to_half or half_to_interleaved.
     int64_t seq;
     int64_t rotary_dim;
     int64_t pairs;
@@ -49,11 +50,11 @@ __global__ void rope_to_half_kernel(const __grid_constant__ ToHalfArgs args) {
             const int64_t position = args.positions.at(b, s, args.angles.pair_axis[i]);
             float cos_angle, sin_angle;
             rotation_factors(args.angles, position, i, cos_angle, sin_angle);
-            const PairIndex pair = pair_elements(Style::interleaved_to_half, args.rotary_dim, i);
+            const PairIndex pair = pair_elements(args.style, args.rotary_dim, i);
             float x = to_float(in[g.offset(b, h, s, pair.first)]);
             float y = to_float(in[g.offset(b, h, s, pair.second)]);
             rotate_pair(x, y, cos_angle, sin_angle);
-            const PairIndex to = output_pair_elements(Style::interleaved_to_half, args.rotary_dim, i);
+            const PairIndex to = output_pair_elements(args.style, args.rotary_dim, i);
             rotated[to.first] = x;
             rotated[to.second] = y;
         }
@@ -75,6 +76,7 @@ void launch_to_half(const Plan& plan) {
     args.operands[1] = plan.k;
     args.positions = plan.positions;
     args.angles = make_angle_args<kMaxPairs>(plan);
+    args.style = plan.style;
     args.seq = plan.seq;
     args.rotary_dim = plan.rotary_dim;
     args.pairs = plan.pairs;

@@ -57,7 +57,7 @@ const std::vector<Parser>& parsers() {
                                                 "deepseek_yarn"},
          [](std::string_view text) { return round_trip(rope::parse_scaling_type, rope::scaling_type_name, text); }},
         {"parse_style", "style", {"neox", "half_split", "half-split", "gptj", "interleaved", "interleaved_to_half",
-                                     "interleaved-to-half"},
+                                     "interleaved-to-half", "half_to_interleaved", "half-to-interleaved"},
          [](std::string_view text) { return round_trip(rope::parse_style, rope::style_name, text); }},
         {"parse_dtype", "dtype", {"fp32", "float32", "f32", "fp16", "float16", "f16", "bf16", "bfloat16"},
          [](std::string_view text) { return round_trip(rope::parse_dtype, rope::dtype_name, text); }},

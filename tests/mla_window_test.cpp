@@ -21,7 +21,7 @@ namespace {
 constexpr rope::Layout bhsd = rope::Layout::bhsd;
 constexpr rope::Layout bshd = rope::Layout::bshd;
 constexpr rope::Style all_styles[] = {rope::Style::half_split, rope::Style::interleaved,
-                                      rope::Style::interleaved_to_half};
+                                      rope::Style::interleaved_to_half, rope::Style::half_to_interleaved};
 
 // DeepSeek-V3's q head: [nope 128 | pe 64], the window at 128.
 rope::RopeConfig mla_config(rope::Style style, int64_t head_dim = 192, int64_t offset = 128, int64_t rotary_dim = 64) {
@@ -170,6 +170,35 @@ TEST_CASE_TEMPLATE_DEFINE("HF's DeepSeek order is GPT-J's output, evens then odd
 }
 TEST_CASE_TEMPLATE_APPLY(hf_permutation, AllBackends);
 
+TEST_CASE_TEMPLATE_DEFINE("the reordering styles' inverse is the transpose: it undoes the forward, in place too", B,
+                          reorder_inverse) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (rope::Style style : {rope::Style::interleaved_to_half, rope::Style::half_to_interleaved}) {
+        for (bool in_place : {false, true}) {
+            CAPTURE(rope::style_name(style));
+            CAPTURE(in_place);
+            // Against the oracle, which reads where the forward wrote.
+            Call call = make_call(mla_config(style), rope::DType::f32, bshd, {2, 7, 4, 192}, {2, 7, 1, 192});
+            call.in_place = in_place;
+            call.offset = 30;
+            call.direction = rope::Direction::inverse;
+            testing::check_call(*backend, call, testing::fp32_tolerance(37), testing::fp32_max_abs(37));
+            // Forward, then inverse of its result: the input back, to float32 rounding.
+            Call forward = make_call(mla_config(style), rope::DType::f32, bshd, {2, 7, 4, 192}, {2, 7, 1, 192});
+            forward.in_place = true;
+            forward.offset = 30;
+            const std::vector<double> input = forward.q.values();
+            testing::run(*backend, forward);
+            CHECK(forward.q.values() != input);  // It did turn.
+            forward.direction = rope::Direction::inverse;
+            testing::run(*backend, forward);
+            testing::check_close(forward.q.values(), input, 2e-7, 2e-6, "q after forward and inverse");
+        }
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(reorder_inverse, AllBackends);
+
 TEST_CASE_TEMPLATE_DEFINE("deepseek_yarn: cos/sin magnitude with mscale != mscale_all_dim, against the oracle", B,
                           deepseek_yarn_backends) {
     auto backend = testing::backend_or_skip(B::name);
@@ -232,6 +261,8 @@ TEST_CASE("deepseek_yarn: yarn's frequencies, vLLM's magnitude, and the softmax 
         CHECK(rope::style_name(rope::Style::interleaved_to_half) == "interleaved_to_half");
         CHECK(rope::parse_style("interleaved_to_half") == rope::Style::interleaved_to_half);
         CHECK(rope::parse_style("interleaved-to-half") == rope::Style::interleaved_to_half);
+        CHECK(rope::style_name(rope::Style::half_to_interleaved) == "half_to_interleaved");
+        CHECK(rope::parse_style("half-to-interleaved") == rope::Style::half_to_interleaved);
     }
 }
 

@@ -183,10 +183,17 @@ std::vector<double> rotate_with(const rope::RopeConfig& config, const rope::Tens
 
     const std::vector<double> in = values(x);
     std::vector<double> out = in;
-    // Pair j is read at (2j, 2j+1) for GPT-J and for HF's DeepSeek order, at (j, j + pairs)
-    // for NeoX; written where it was read, except in HF's DeepSeek order: at (j, j + pairs).
-    const bool read_adjacent = config.style != rope::Style::half_split;
-    const bool write_adjacent = config.style == rope::Style::interleaved;
+    // Pair j is read at (2j, 2j+1) for GPT-J, at (j, j + pairs) for NeoX, and written where
+    // it was read. HF's DeepSeek order reads at (2j, 2j+1) and writes at (j, j + pairs);
+    // half_to_interleaved the reverse; the inverse of either reads where its forward wrote
+    // and writes where it read (the transpose).
+    const bool forward = direction == rope::Direction::forward;
+    const bool to_half = config.style == rope::Style::interleaved_to_half;
+    const bool to_interleaved = config.style == rope::Style::half_to_interleaved;
+    const bool read_adjacent =
+        config.style == rope::Style::interleaved || (to_half && forward) || (to_interleaved && !forward);
+    const bool write_adjacent =
+        config.style == rope::Style::interleaved || (to_half && !forward) || (to_interleaved && forward);
     for (long b = 0; b < n.batch; ++b) {
         for (long s = 0; s < n.seq; ++s) {
             for (long h = 0; h < n.heads; ++h) {

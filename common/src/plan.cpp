@@ -399,6 +399,9 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device, co
 
     Plan plan;
     plan.style = config.style;
+    // The inverse of a reordering style reads its output order and writes its input order.
+    if (args.direction == Direction::inverse && reorders(config.style))
+        plan.style = config.style == Style::interleaved_to_half ? Style::half_to_interleaved : Style::interleaved_to_half;
     plan.dtype = dtype;
     plan.device = device;
     plan.batch = q.batch;

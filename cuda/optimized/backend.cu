@@ -86,7 +86,7 @@ public:
         check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
         // HF's DeepSeek order: the shared kernel of its own (to_half.cu), which reads a row's window
         // whole before writing it; the unit kernel's instantiations for the other styles stay as they are.
-        if (plan.style == Style::interleaved_to_half) return launch_to_half(plan);
+        if (reorders(plan.style)) return launch_to_half(plan);
         const DeviceInfo device = current_device_info();
         dispatch_dtype(plan.dtype, [&](auto storage) {
             using Storage = decltype(storage);

@@ -124,8 +124,10 @@ class Config:
             ``[nope 128 | pe 64]``: ``rotary_offset=128, rotary_dim=64`` (default 0).
         base: ``rope_theta`` (default 10000); may come from ``scaling['rope_theta']``.
         style: ``"neox"`` (half-split, HuggingFace's rotate_half), ``"gptj"`` (interleaved),
-            or ``"interleaved_to_half"`` (HF's DeepSeek ``apply_rotary_pos_emb_interleave``:
-            pairs (2i, 2i+1) read, written to (i, i + rotary_dim/2)).
+            ``"interleaved_to_half"`` (HF's DeepSeek ``apply_rotary_pos_emb_interleave``:
+            pairs (2i, 2i+1) read, written to (i, i + rotary_dim/2)), or its reverse
+            ``"half_to_interleaved"``. The inverse rotation (the backward pass) of a style
+            that reorders reads where its forward wrote: the exact transpose.
         scaling: a HuggingFace ``rope_parameters`` / ``rope_scaling`` dict, as is:
             rope_type (or type), factor, original_max_position_embeddings,
             attention_factor, beta_fast, beta_slow, truncate, mscale (rope_type
@@ -210,7 +212,8 @@ class Config:
 
     @property
     def style(self) -> str:
-        """"neox" (half-split), "gptj" (interleaved) or "interleaved_to_half" (HF's DeepSeek order)."""
+        """"neox" (half-split), "gptj" (interleaved), "interleaved_to_half" (HF's DeepSeek order) or
+        "half_to_interleaved"."""
         return _rope.style_name(self._native.style)
 
     @property

@@ -30,6 +30,11 @@ class Style(enum.Enum):
     pairs (2i, 2i+1) read, written to (i, i + rotary_dim/2) (HF's DeepSeek apply_rotary_pos_emb_interleave)
     """
 
+    half_to_interleaved = 3
+    """
+    pairs (i, i + rotary_dim/2) read, written to (2i, 2i+1): the reverse of interleaved_to_half
+    """
+
 class ScalingType(enum.Enum):
     """HuggingFace rope_type of the frequency scaling."""
 
@@ -60,11 +65,13 @@ class AxisAssignment(enum.Enum):
 
 def parse_style(name: str) -> Style:
     """
-    Style of a name: neox / half_split / half-split, gptj / interleaved, or interleaved_to_half.
+    Style of a name: neox / half_split / half-split, gptj / interleaved, interleaved_to_half, half_to_interleaved.
     """
 
 def style_name(style: Style) -> str:
-    """The name of a Style: neox, gptj or interleaved_to_half."""
+    """
+    The name of a Style: neox, gptj, interleaved_to_half or half_to_interleaved.
+    """
 
 def softmax_scale_multiplier(scaling: Scaling) -> float:
     """

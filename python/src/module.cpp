@@ -117,7 +117,9 @@ NB_MODULE(_rope, m) {
         .value("half_split", rope::Style::half_split, "feature i with i + rotary_dim/2 (NeoX, HF rotate_half)")
         .value("interleaved", rope::Style::interleaved, "feature 2i with 2i+1 (GPT-J)")
         .value("interleaved_to_half", rope::Style::interleaved_to_half,
-               "pairs (2i, 2i+1) read, written to (i, i + rotary_dim/2) (HF's DeepSeek apply_rotary_pos_emb_interleave)");
+               "pairs (2i, 2i+1) read, written to (i, i + rotary_dim/2) (HF's DeepSeek apply_rotary_pos_emb_interleave)")
+        .value("half_to_interleaved", rope::Style::half_to_interleaved,
+               "pairs (i, i + rotary_dim/2) read, written to (2i, 2i+1): the reverse of interleaved_to_half");
     nb::enum_<rope::ScalingType>(m, "ScalingType", "HuggingFace rope_type of the frequency scaling.")
         .value("none", rope::ScalingType::none)
         .value("linear", rope::ScalingType::linear)
@@ -133,9 +135,9 @@ NB_MODULE(_rope, m) {
         .value("axial", rope::AxisAssignment::axial);
 
     m.def("parse_style", [](const std::string& name) { return rope::parse_style(name); }, "name"_a,
-          "Style of a name: neox / half_split / half-split, gptj / interleaved, or interleaved_to_half.");
+          "Style of a name: neox / half_split / half-split, gptj / interleaved, interleaved_to_half, half_to_interleaved.");
     m.def("style_name", [](rope::Style style) { return std::string(rope::style_name(style)); }, "style"_a,
-          "The name of a Style: neox, gptj or interleaved_to_half.");
+          "The name of a Style: neox, gptj, interleaved_to_half or half_to_interleaved.");
     m.def("softmax_scale_multiplier", [](const rope::Scaling& scaling) { return rope::softmax_scale_multiplier(scaling); },
           "scaling"_a,
           "rope::softmax_scale_multiplier: yarn_get_mscale(factor, mscale_all_dim)**2 for deepseek_yarn and yarn, else 1.");

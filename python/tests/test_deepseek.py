@@ -115,6 +115,29 @@ def test_window_and_k_pe_against_huggingface(device, dtype, parameters, rope_typ
         assert torch.equal(in_place, got_q)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_against_huggingface_autograd_in_float64(device):
+    """The gradient through HF's order: rope's backward (the inverse rotation, which reads the
+    de-interleaved order and writes the interleaved one) against autograd through HF's
+    apply_rotary_pos_emb_interleave in float64."""
+    q, k_pe, position_ids = inputs(device, torch.float32, seed=11)
+    g = torch.Generator().manual_seed(12)
+    grad_q = torch.randn(q.shape, generator=g).to(device)
+    grad_k = torch.randn(k_pe.shape, generator=g).to(device)
+    q64, k64 = q.double().requires_grad_(), k_pe.double().requires_grad_()
+    want_q, want_k = torch.autograd.grad(hf_forward(V3_ROPE, q64, k64, position_ids, torch.float64), (q64, k64),
+                                         (grad_q.double(), grad_k.double()))
+    window = rope_config(V3_ROPE, head_dim=NOPE + PE, rotary_offset=NOPE, rotary_dim=PE)
+    for backend in backends_for(device):
+        q32, k32 = q.clone().requires_grad_(), k_pe.clone().requires_grad_()
+        out_q, _ = ops.rope(q32, None, window, positions=position_ids, backend=backend)
+        out_k, _ = ops.rope(k32, None, rope_config(V3_ROPE), positions=position_ids, backend=backend)
+        got_q, got_k = torch.autograd.grad((out_q, out_k), (q32, k32), (grad_q, grad_k))
+        check(got_q, want_q, 3e-5, 5e-4)
+        check(got_k, want_k, 3e-5, 5e-4)
+        assert torch.equal(got_q[..., :NOPE], grad_q[..., :NOPE])  # The NoPE part passes its gradient as is.
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_numpy_entry_point_in_place(dtype):
     """rope.apply on NumPy arrays, in place: HF's order over q's window, the NoPE part untouched."""

@@ -55,15 +55,16 @@ std::vector<double> pe_scores(const std::vector<float>& q, const std::vector<flo
 }
 
 /// Rotates `x` ([tokens, heads, 192], bshd, float32) in place on `backend`, at positions 0, 1, ...
+/// (by -angle when @p direction is inverse: RoPE's backward pass).
 std::vector<float> rotate_in_place(rope::Backend& backend, const rope::RopeConfig& config, std::vector<float> x,
-                                   int64_t heads) {
+                                   int64_t heads, rope::Direction direction = rope::Direction::forward) {
     const rope::Device device = backend.device();
     const rope::Buffer buffer = tutorial::on_device(device, x);
     const auto view = rope::TensorView::contiguous(buffer.data(), rope::DType::f32, device, rope::Layout::bshd,
                                                    {1, kTokens, heads, kHead});
     const auto none = rope::TensorView::contiguous(nullptr, rope::DType::f32, device, rope::Layout::bshd,
                                                    {1, kTokens, 0, kHead});
-    rope::apply(backend, config, rope::RopeArgs::in_place(view, none));
+    rope::apply(backend, config, rope::RopeArgs::in_place(view, none, {}, direction));
     if (device == rope::Device::cuda) rope::cuda_synchronize();
     buffer.copy_to_host(x.data());
     return x;
@@ -168,6 +169,15 @@ int main(int argc, char** argv) {
                                     const std::vector<float> q = rotate_in_place(backend, hf_config, x.q, kQHeads);
                                     const bool same = tutorial::identical(q, tutorial::run(backend, hf_config, x, from_zero).q);
                                     return tutorial::Verdict{same, same ? "identical" : "different"};
+                                });
+    // The backward pass: the inverse reads HF's order and writes the interleaved one, the transpose.
+    tutorial::expect_everywhere(checks, backends, "the inverse of HF's order in place gives the input back",
+                                [&](rope::Backend& backend) {
+                                    const std::vector<float> back = rotate_in_place(
+                                        backend, hf_config, rotate_in_place(backend, hf_config, x.q, kQHeads), kQHeads,
+                                        rope::Direction::inverse);
+                                    const double error = tutorial::max_abs_difference(back, x.q);
+                                    return tutorial::Verdict{error < 1e-6, "max abs " + tutorial::sci(error, 1)};
                                 });
     const std::vector<double> want_q = tutorial::reference(x.q, kQHeads, x, hf_config, from_zero);
     const tutorial::Distance careless = tutorial::distance(pair_by_pair_in_place(x.q, kQHeads), want_q);

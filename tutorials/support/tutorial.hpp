@@ -223,7 +223,8 @@ inline PairRule pair_rule(const Formula& f, int64_t i, int64_t rotary_dim) {
 /// RoPE of the contiguous tensor @p x in float64: angle = position * theta, both in double
 /// (or the table's cos and sin). Pair i of the window is read at (i, i + d/2) half-split, at
 /// (2i, 2i+1) interleaved and interleaved_to_half; written where it was read, except
-/// interleaved_to_half (HF's DeepSeek order): at (i, i + d/2). It shares no code with the backends.
+/// interleaved_to_half (HF's DeepSeek order): at (i, i + d/2); half_to_interleaved is the
+/// reverse, and an inverse reads where its forward wrote. It shares no code with the backends.
 inline std::vector<double> rope_float64(const std::vector<float>& x, const Shape& shape, const Formula& f) {
     const int64_t rotary_dim = f.rotary_dim == 0 ? shape.head_dim - f.rotary_offset : f.rotary_dim;
     const int64_t half = rotary_dim / 2;
@@ -258,8 +259,12 @@ inline std::vector<double> rope_float64(const std::vector<float>& x, const Shape
                     }
                     if (f.inverse) sn = -sn;
                     c *= f.magnitude, sn *= f.magnitude;
-                    const bool read_adjacent = f.style != rope::Style::half_split;
-                    const bool write_adjacent = f.style == rope::Style::interleaved;
+                    const bool to_half = f.style == rope::Style::interleaved_to_half;
+                    const bool to_interleaved = f.style == rope::Style::half_to_interleaved;
+                    const bool read_adjacent = f.style == rope::Style::interleaved ||
+                                               (to_half && !f.inverse) || (to_interleaved && f.inverse);
+                    const bool write_adjacent = f.style == rope::Style::interleaved ||
+                                                (to_half && f.inverse) || (to_interleaved && !f.inverse);
                     const double px = source[read_adjacent ? 2 * i : i];
                     const double py = source[read_adjacent ? 2 * i + 1 : i + half];
                     row[write_adjacent ? 2 * i : i] = px * c - py * sn;

@@ -24,21 +24,42 @@ enum class Style {
     /// interleaved style's output (the evens, then the odds), so attention scores
     /// agree with vLLM's in-place GPT-J rotation while the cached k bytes do not.
     /// In place too: every backend reads a head row's whole window before it
-    /// writes any of it.
+    /// writes any of it. Its inverse rotation (Direction::inverse, RoPE's backward
+    /// pass) reads the half-split order and writes the interleaved one, as
+    /// half_to_interleaved does: the exact transpose of the forward.
     interleaved_to_half,
+    /// The reverse of interleaved_to_half: pair i is read from features
+    /// (i, i + rotary_dim/2) and written to (2i, 2i+1). It turns HF's DeepSeek order
+    /// back into the interleaved one (its forward rotation is the inverse of
+    /// interleaved_to_half's, up to the sign of the angle), and its inverse rotation
+    /// is interleaved_to_half's order.
+    half_to_interleaved,
 };
 
 /// @brief Name of a pairing style, as used on command lines.
 /// @param style the style to name.
-/// @return "neox" for half-split, "gptj" for interleaved, "interleaved_to_half" for HF's DeepSeek order.
+/// @return "neox" for half-split, "gptj" for interleaved, "interleaved_to_half" for HF's DeepSeek order,
+/// "half_to_interleaved" for its reverse.
 constexpr std::string_view style_name(Style style) {
-    return style == Style::half_split ? "neox" : style == Style::interleaved ? "gptj" : "interleaved_to_half";
+    return style == Style::half_split    ? "neox"
+           : style == Style::interleaved ? "gptj"
+           : style == Style::interleaved_to_half ? "interleaved_to_half"
+                                                 : "half_to_interleaved";
+}
+
+/// @brief Whether @p style writes its pairs in another order than it reads them
+/// (interleaved_to_half, half_to_interleaved): a pair's outputs are then other pairs'
+/// inputs, and a backend reads a head row's whole window before writing any of it.
+/// @param style the pairing style.
+/// @return true for interleaved_to_half and half_to_interleaved.
+constexpr bool reorders(Style style) {
+    return style == Style::interleaved_to_half || style == Style::half_to_interleaved;
 }
 
 /// @brief Parses a pairing style name.
 /// @param name "neox", "half_split" or "half-split"; "gptj" or "interleaved"; or
-/// "interleaved_to_half" or "interleaved-to-half".
-/// @return Style::half_split, Style::interleaved or Style::interleaved_to_half.
+/// "interleaved_to_half" or "interleaved-to-half"; "half_to_interleaved" or "half-to-interleaved".
+/// @return the Style of that name.
 /// @throws rope::Error for any other name.
 Style parse_style(std::string_view name);
 

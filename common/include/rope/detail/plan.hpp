@@ -125,7 +125,9 @@ struct AngleRule {
 /// Backends receive a Plan and only loop over it; they never see unvalidated
 /// input, so every backend rejects bad input identically.
 struct Plan {
-    Style style = Style::half_split;  ///< Pairing of features.
+    /// Pairing of features: the config's, except for the inverse of a reordering style
+    /// (Style::interleaved_to_half and half_to_interleaved), which runs as the other one.
+    Style style = Style::half_split;
     DType dtype = DType::f32;         ///< Storage type of all four tensors.
     Device device = Device::host;     ///< Where all tensors and position arrays live.
     int64_t batch = 0;       ///< Sequences (1 for packed tensors).
