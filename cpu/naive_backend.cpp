@@ -13,9 +13,9 @@
 //   (x, y) <- (x cos - y sin, y cos + x sin)     (rotate_pair; sin negated for the inverse),
 //                                                read and written in place by rotate_pair_in_memory
 // and the features past rotary_dim are copied through unchanged. HF's DeepSeek
-// order (Style::interleaved_to_half) writes pair i to (i, i + rotary_dim/2), and
-// its reverse to (2i, 2i+1) (output_pair_elements), after the whole row is read. A rotary window past
-// feature 0 arrives as plans of its own (detail::window_parts).
+// order (Style::interleaved_to_half) writes pair i to (i, i + rotary_dim/2), its
+// reverse to (2i, 2i+1) (output_pair_elements), once the whole row is read. A
+// rotary window past feature 0 arrives as plans of its own (detail::window_parts).
 #include <memory>
 #include <vector>
 
@@ -35,15 +35,15 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
     const Geometry& g = operand.in_geometry;
     const Geometry& o = operand.out_geometry;
 
-    // HF's DeepSeek order writes a pair where other pairs are read: the rotated row is
-    // gathered here first and written once all of it is read (safe in place).
-    const bool to_half = reorders(plan.style);
-    std::vector<float> rotated(to_half ? size_t(plan.rotary_dim) : 0);
+    // A reordering style (HF's DeepSeek order) writes a pair where other pairs are read: the
+    // rotated row is gathered here first and written once all of it is read (safe in place).
+    const bool reordered = reorders(plan.style);
+    std::vector<float> rotated(reordered ? size_t(plan.rotary_dim) : 0);
 
     for (int64_t b = 0; b < g.batch; ++b) {
         for (int64_t h = 0; h < g.heads; ++h) {
             for (int64_t s = 0; s < g.seq; ++s) {
-                for (int64_t i = 0; to_half && i < plan.pairs; ++i) {
+                for (int64_t i = 0; reordered && i < plan.pairs; ++i) {
                     const int64_t position = plan.positions.at(b, s, plan.angles.pair_axis[size_t(i)]);
                     float cos_angle, sin_angle;
                     rotation_factors(plan.angles, position, i, cos_angle, sin_angle);
@@ -55,9 +55,9 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
                     rotated[size_t(to.first)] = x;
                     rotated[size_t(to.second)] = y;
                 }
-                for (int64_t d = 0; to_half && d < plan.rotary_dim; ++d)
+                for (int64_t d = 0; reordered && d < plan.rotary_dim; ++d)
                     out[o.offset(b, h, s, d)] = from_float<Storage>(rotated[size_t(d)]);
-                for (int64_t i = 0; !to_half && i < plan.pairs; ++i) {
+                for (int64_t i = 0; !reordered && i < plan.pairs; ++i) {
                     const int64_t position = plan.positions.at(b, s, plan.angles.pair_axis[size_t(i)]);
                     float cos_angle, sin_angle;
                     rotation_factors(plan.angles, position, i, cos_angle, sin_angle);
