@@ -199,6 +199,43 @@ TEST_CASE_TEMPLATE_DEFINE("the reordering styles' inverse is the transpose: it u
 }
 TEST_CASE_TEMPLATE_APPLY(reorder_inverse, AllBackends);
 
+TEST_CASE_TEMPLATE_DEFINE("rerotate keeps a reordering style's layout: cached keys in HF's order at new positions", B,
+                          window_rerotate) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    auto naive = rope::make_backend("cpu-naive");
+    for (rope::Style style : {rope::Style::interleaved_to_half, rope::Style::half_to_interleaved}) {
+        for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16}) {
+            CAPTURE(rope::style_name(style));
+            CAPTURE(rope::dtype_name(dtype));
+            const rope::RopeConfig config = mla_config(style);
+            // Raw keys (k: one head of 192), cached as a model leaves them: rotated at 100, 101, ...
+            Call cached = make_call(config, dtype, bshd, {2, 9, 1, 192}, {2, 9, 1, 192});
+            cached.in_place = true;
+            Call want = cached;
+            const testing::HostTensor raw = cached.k;
+            cached.offset = 100;
+            testing::run(*naive, cached);
+            want.offset = 7;  // The raw keys rotated at 7, 8, ...: what the re-rotation must give.
+            testing::run(*naive, want);
+            const rope::Positions from = rope::Positions::starting_at(100), to = rope::Positions::starting_at(7);
+            if (backend->device() == rope::Device::host) {
+                rope::rerotate(*backend, config, rope::RerotateArgs::in_place(cached.k.view, from, to));
+            } else {
+                const testing::DeviceCall staged(cached);
+                rope::rerotate(*backend, config, rope::RerotateArgs::in_place(staged.args.k, from, to));
+                staged.copy_back(cached);
+            }
+            const testing::Tolerance one = testing::oracle_tolerance(dtype, 110);
+            testing::check_close(cached.k.values(), want.k.values(), 2 * one.rel_l2, 2 * one.max_abs,
+                                 "re-rotated keys vs raw keys rotated at to");
+            const Call raw_call = [&] { Call c = cached; c.k = raw; return c; }();  // q: compared with itself.
+            CHECK(changed_outside_window(raw_call, cached, 128, 64) == 0);
+        }
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(window_rerotate, AllBackends);
+
 TEST_CASE_TEMPLATE_DEFINE("deepseek_yarn: cos/sin magnitude with mscale != mscale_all_dim, against the oracle", B,
                           deepseek_yarn_backends) {
     auto backend = testing::backend_or_skip(B::name);

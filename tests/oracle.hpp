@@ -56,6 +56,13 @@ std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorVie
                            const rope::Positions& positions, rope::Direction direction,
                            const rope::CosSinCache& table);
 
+// Re-rotation from scratch: each pair of x turned by angle(to) - angle(from), both
+// angles position * theta_j formed in long double and subtracted before any
+// rounding, never scaled (rotated keys carry the attention factor already).
+// Scaling none or linear; positions on the host.
+std::vector<double> rerotate(const rope::RopeConfig& config, const rope::TensorView& x, const rope::Positions& from,
+                             const rope::Positions& to);
+
 // All elements of a host view as doubles, dense in (batch, heads, seq, dim) order.
 std::vector<double> values(const rope::TensorView& view);
 

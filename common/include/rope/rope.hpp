@@ -20,10 +20,13 @@
 #include "rope/device.hpp"
 #include "rope/dtype.hpp"
 #include "rope/error.hpp"
+#include "rope/fp8.hpp"
 #include "rope/frequency_table.hpp"
 #include "rope/position_ids.hpp"
 #include "rope/positions.hpp"
+#include "rope/rerotate.hpp"
 #include "rope/rotation.hpp"
+#include "rope/slot_mapping.hpp"
 #include "rope/tensor.hpp"
 
 // What only a backend author needs (the Plan, the shared pair step, the
