@@ -481,6 +481,18 @@ std::vector<float> make_cos_sin_cache(const RopeConfig& config, int64_t rows, in
 
 namespace detail {
 
+void refuse_window_and_reordering(const RopeConfig& config, std::string_view call) {
+    if (config.rotary_offset != 0)
+        fail("config.rotary_offset", config.rotary_offset,
+             "must be 0 for " + std::string(call) +
+                 ": its fused loops rotate from the head's first feature (rotate a window with rope::apply)");
+    if (config.style == Style::interleaved_to_half || config.style == Style::half_to_interleaved)
+        fail("config.style", style_name(config.style),
+             "is not taken by " + std::string(call) +
+                 ": its fused loops write each pair where they read it (use neox or gptj; HF's DeepSeek order "
+                 "runs through rope::apply)");
+}
+
 std::vector<Plan> window_parts(const Plan& plan) {
     if (plan.rotary_offset == 0) return {plan};
     const int64_t offset = plan.rotary_offset;

@@ -261,6 +261,13 @@ std::optional<FrequencyTable> reusable_frequency_table(const RopeConfig& config)
 /// @param plan a plan from make_plan.
 /// @return @p plan itself when its rotary_offset is 0; else the copy (when needed) and the window.
 std::vector<Plan> window_parts(const Plan& plan);
+/// @brief Refuses what only rope::apply's row loop runs: a rotary window (RopeConfig::rotary_offset)
+/// and the reordering styles (Style::interleaved_to_half, half_to_interleaved), for the fused calls
+/// whose backends loop over pairs themselves (rope::append_kv, rope::apply_qk_norm).
+/// @param config the call's configuration.
+/// @param call the entry point, for the message (e.g. "append_kv").
+/// @throws rope::Error naming config.rotary_offset or config.style and its value.
+void refuse_window_and_reordering(const RopeConfig& config, std::string_view call);
 
 /// @brief rope::apply after make_plan: refuses a plan beyond @p backend's limits
 /// (rope::BackendLimits), skips an empty one, runs the rest (a rotary window as its window_parts()).
