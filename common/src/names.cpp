@@ -4,6 +4,7 @@
 #include "rope/config.hpp"
 #include "rope/dtype.hpp"
 #include "rope/error.hpp"
+#include "rope/fp8.hpp"
 
 namespace rope {
 
@@ -28,6 +29,12 @@ std::string_view axis_assignment_name(AxisAssignment assignment) {
         case AxisAssignment::axial: return "axial";
     }
     return "unknown";
+}
+
+Fp8Format parse_fp8_format(std::string_view name) {
+    if (name == "e4m3fn" || name == "float8_e4m3fn") return Fp8Format::e4m3fn;
+    if (name == "e5m2" || name == "float8_e5m2") return Fp8Format::e5m2;
+    fail("fp8_format", std::string(name), "expected e4m3fn or e5m2");
 }
 
 AxisAssignment parse_axis_assignment(std::string_view name) {

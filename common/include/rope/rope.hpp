@@ -20,6 +20,7 @@
 #include "rope/device.hpp"
 #include "rope/dtype.hpp"
 #include "rope/error.hpp"
+#include "rope/fp8.hpp"
 #include "rope/frequency_table.hpp"
 #include "rope/kv_append.hpp"
 #include "rope/position_ids.hpp"

@@ -1,0 +1,66 @@
+// The kernel behind fp8_device.hpp: rope/fp8.hpp's functions, compiled by nvcc
+// for the GPU, applied to the values the host test converts too.
+#include "fp8_device.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include "rope/cuda_check.hpp"
+#include "rope/fp8.hpp"
+
+namespace testing::cuda {
+
+namespace {
+
+__global__ void convert(const float* values, int64_t count, float scale, uint8_t* e4m3fn, uint8_t* e5m2,
+                        uint8_t* e4m3fn_quantized, uint8_t* e5m2_quantized, float* e4m3fn_decoded,
+                        float* e5m2_decoded) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < count) {
+        e4m3fn[i] = rope::float_to_e4m3fn(values[i]);
+        e5m2[i] = rope::float_to_e5m2(values[i]);
+        e4m3fn_quantized[i] = rope::quantize_fp8(values[i], scale, rope::Fp8Format::e4m3fn);
+        e5m2_quantized[i] = rope::quantize_fp8(values[i], scale, rope::Fp8Format::e5m2);
+    }
+    if (i < 256) {
+        e4m3fn_decoded[i] = rope::e4m3fn_to_float(uint8_t(i));
+        e5m2_decoded[i] = rope::e5m2_to_float(uint8_t(i));
+    }
+}
+
+// Device memory freed with the object.
+struct DeviceArray {
+    void* data = nullptr;
+    explicit DeviceArray(size_t bytes) { rope::check_cuda(cudaMalloc(&data, bytes == 0 ? 1 : bytes), "cudaMalloc"); }
+    ~DeviceArray() { cudaFree(data); }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+};
+
+}  // namespace
+
+Fp8DeviceResults fp8_on_device(const std::vector<float>& values, float scale) {
+    const size_t count = values.size();
+    DeviceArray in(count * sizeof(float)), codes(4 * count), decoded(2 * 256 * sizeof(float));
+    rope::check_cuda(cudaMemcpy(in.data, values.data(), count * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    auto* code_bytes = static_cast<uint8_t*>(codes.data);
+    auto* decoded_floats = static_cast<float*>(decoded.data);
+    const size_t threads = count > 256 ? count : 256;
+    convert<<<unsigned((threads + 255) / 256), 256>>>(static_cast<const float*>(in.data), int64_t(count), scale,
+                                                      code_bytes, code_bytes + count, code_bytes + 2 * count,
+                                                      code_bytes + 3 * count, decoded_floats, decoded_floats + 256);
+    rope::check_cuda(cudaGetLastError(), "convert<<<>>>");
+    Fp8DeviceResults results{std::vector<uint8_t>(count), std::vector<uint8_t>(count), std::vector<uint8_t>(count),
+                             std::vector<uint8_t>(count), std::vector<float>(256), std::vector<float>(256)};
+    std::vector<uint8_t>* outputs[] = {&results.e4m3fn, &results.e5m2, &results.e4m3fn_quantized,
+                                       &results.e5m2_quantized};
+    for (int k = 0; k < 4; ++k)
+        rope::check_cuda(cudaMemcpy(outputs[k]->data(), code_bytes + k * count, count, cudaMemcpyDeviceToHost),
+                         "cudaMemcpy");
+    rope::check_cuda(cudaMemcpy(results.e4m3fn_decoded.data(), decoded_floats, 256 * sizeof(float),
+                                cudaMemcpyDeviceToHost), "cudaMemcpy");
+    rope::check_cuda(cudaMemcpy(results.e5m2_decoded.data(), decoded_floats + 256, 256 * sizeof(float),
+                                cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return results;
+}
+
+}  // namespace testing::cuda

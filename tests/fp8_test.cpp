@@ -1,0 +1,265 @@
+// rope's FP8 conversions (rope/fp8.hpp) against the independent reference
+// (fp8_reference.hpp): every code decoded; float32 bit patterns near every
+// code value and every rounding midpoint, the saturation boundaries, infinities,
+// NaNs, zeros, subnormals of both formats and random patterns converted; the
+// quantisation's division by the scale; and the same conversions on the GPU,
+// which must give the host's bits.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "fp8_device.hpp"
+#include "fp8_reference.hpp"
+#include "rope/error.hpp"
+#include "rope/fp8.hpp"
+#include "support.hpp"
+
+using rope::Fp8Format;
+
+namespace {
+
+constexpr Fp8Format formats[] = {Fp8Format::e4m3fn, Fp8Format::e5m2};
+
+uint32_t bits_of(float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+float float_of(uint32_t bits) {
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+uint8_t convert(float value, Fp8Format format) {
+    return format == Fp8Format::e4m3fn ? rope::float_to_e4m3fn(value) : rope::float_to_e5m2(value);
+}
+
+float decode(uint8_t code, Fp8Format format) {
+    return format == Fp8Format::e4m3fn ? rope::e4m3fn_to_float(code) : rope::e5m2_to_float(code);
+}
+
+// The float32 patterns within +-radius ulps of `center` (>= 0), both signs.
+void add_neighbourhood(float center, uint32_t radius, std::vector<float>& out) {
+    const uint32_t middle = bits_of(center);
+    const uint32_t low = middle > radius ? middle - radius : 0;
+    for (uint32_t bits = low; bits <= middle + radius && bits <= 0x7f800000u; ++bits) {
+        out.push_back(float_of(bits));
+        out.push_back(float_of(bits | 0x80000000u));
+    }
+}
+
+// The patterns every boundary test converts (see the file's comment).
+std::vector<float> boundary_patterns(Fp8Format format) {
+    std::vector<double> finite;  // the finite non-negative values, increasing with the code
+    for (int code = 0; code < 0x80; ++code) {
+        const double value = testing::reference_fp8_value(uint8_t(code), format);
+        if (std::isfinite(value)) finite.push_back(value);
+    }
+    std::vector<float> patterns;
+    for (size_t i = 0; i < finite.size(); ++i) {
+        add_neighbourhood(float(finite[i]), 2048, patterns);
+        if (i + 1 < finite.size()) add_neighbourhood(float((finite[i] + finite[i + 1]) / 2), 2048, patterns);
+    }
+    // The saturation boundaries: max, the midpoint to the pattern after it (a
+    // tie that rounds to max, even), past it, that pattern's value, and beyond.
+    for (float boundary : {448.0f, 464.0f, 465.0f, 480.0f, 512.0f, 57344.0f, 61440.0f, 65536.0f, 1e6f, 3.4e38f})
+        add_neighbourhood(boundary, 16, patterns);
+    const float inf = std::numeric_limits<float>::infinity();
+    const float largest = std::numeric_limits<float>::max();
+    for (float special : {inf, -inf, 0.0f, -0.0f, largest, -largest}) patterns.push_back(special);
+    // NaNs: quiet and signalling, several payloads, both signs.
+    for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0x7fa5a5a5u, 0x7fffffffu, 0x7fc00001u, 0x7f900000u})
+        for (uint32_t sign : {0u, 0x80000000u}) patterns.push_back(float_of(nan | sign));
+    // Below the smallest FP8 subnormal: half of it (a tie to zero), just above
+    // (rounds up), a quarter, and float32's own subnormals.
+    for (float tiny : {std::ldexp(1.0f, -10), std::ldexp(1.0f, -17), std::ldexp(1.0f, -11), std::ldexp(1.0f, -18),
+                       std::ldexp(3.0f, -11), std::ldexp(3.0f, -18)})
+        add_neighbourhood(tiny, 64, patterns);
+    for (uint32_t subnormal : {1u, 2u, 3u, 0x400000u, 0x7fffffu, 0x123456u}) {
+        patterns.push_back(float_of(subnormal));
+        patterns.push_back(float_of(subnormal | 0x80000000u));
+    }
+    return patterns;
+}
+
+// Checks rope's conversion of every pattern against the reference; returns the
+// number of mismatches (each reported, the first few in full).
+int check_patterns(const std::vector<float>& patterns, Fp8Format format) {
+    int mismatches = 0;
+    for (float value : patterns) {
+        const uint8_t got = convert(value, format);
+        const uint8_t want = testing::reference_fp8(double(value), format);
+        if (got != want && ++mismatches <= 10)
+            FAIL_CHECK("format " << rope::fp8_format_name(format) << ", float bits 0x" << std::hex << bits_of(value)
+                                 << " (" << value << "): got 0x" << int(got) << ", want 0x" << int(want));
+    }
+    return mismatches;
+}
+
+}  // namespace
+
+TEST_CASE("fp8: every code decodes to the reference's value") {
+    for (Fp8Format format : formats)
+        for (int code = 0; code < 256; ++code) {
+            CAPTURE(rope::fp8_format_name(format));
+            CAPTURE(code);
+            const double want = testing::reference_fp8_value(uint8_t(code), format);
+            const float got = decode(uint8_t(code), format);
+            if (std::isnan(want)) {
+                CHECK(std::isnan(got));
+            } else {
+                CHECK(double(got) == want);
+                CHECK(std::signbit(got) == std::signbit(want));
+            }
+        }
+    // The formats' landmarks, stated by hand rather than by either implementation.
+    CHECK(rope::e4m3fn_to_float(0x7e) == 448.0f);
+    CHECK(std::isnan(rope::e4m3fn_to_float(0x7f)));
+    CHECK(rope::e4m3fn_to_float(0x01) == 0.001953125f);  // 2^-9
+    CHECK(rope::e4m3fn_to_float(0x08) == 0.015625f);     // 2^-6
+    CHECK(rope::e5m2_to_float(0x7b) == 57344.0f);
+    CHECK(std::isinf(rope::e5m2_to_float(0x7c)));
+    CHECK(std::isnan(rope::e5m2_to_float(0x7e)));
+    CHECK(rope::e5m2_to_float(0x01) == 1.52587890625e-5f);  // 2^-16
+    CHECK(rope::fp8_max(Fp8Format::e4m3fn) == 448.0f);
+    CHECK(rope::fp8_max(Fp8Format::e5m2) == 57344.0f);
+}
+
+TEST_CASE("fp8: float32 near every code value and rounding midpoint, boundaries, inf, NaN, zeros, subnormals") {
+    for (Fp8Format format : formats) {
+        CAPTURE(rope::fp8_format_name(format));
+        const std::vector<float> patterns = boundary_patterns(format);
+        CHECK(patterns.size() > 500000);
+        CHECK(check_patterns(patterns, format) == 0);
+    }
+}
+
+TEST_CASE("fp8: saturation, NaN, signed zero and ties, stated by hand") {
+    const float inf = std::numeric_limits<float>::infinity();
+    // e4m3fn: 448 is the largest; 464 is the tie between 448 and the NaN pattern (even: 448); all above saturate.
+    for (float value : {448.0f, 449.0f, 464.0f, 465.0f, 480.0f, 1e6f, inf}) {
+        CHECK(rope::float_to_e4m3fn(value) == 0x7e);
+        CHECK(rope::float_to_e4m3fn(-value) == 0xfe);
+    }
+    CHECK(rope::float_to_e4m3fn(std::nanf("")) == 0x7f);
+    CHECK(rope::float_to_e4m3fn(-std::nanf("")) == 0xff);
+    // e5m2: 61440 is the tie between 57344 and infinity; rope saturates it and everything above.
+    for (float value : {57344.0f, 61439.0f, 61440.0f, 65536.0f, 1e6f, inf}) {
+        CHECK(rope::float_to_e5m2(value) == 0x7b);
+        CHECK(rope::float_to_e5m2(-value) == 0xfb);
+    }
+    CHECK(rope::float_to_e5m2(std::nanf("")) == 0x7e);
+    CHECK(rope::float_to_e5m2(-std::nanf("")) == 0xfe);
+    CHECK(rope::float_to_e4m3fn(-0.0f) == 0x80);
+    CHECK(rope::float_to_e5m2(-0.0f) == 0x80);
+    // Ties to even: 1.0625 lies halfway between 1 (0x38, mantissa 000) and 1.125 (0x39): 1.
+    CHECK(rope::float_to_e4m3fn(1.0625f) == 0x38);
+    // 1.1875 halfway between 1.125 (0x39) and 1.25 (0x3a): 1.25.
+    CHECK(rope::float_to_e4m3fn(1.1875f) == 0x3a);
+    // Half the smallest subnormal ties to zero; a hair above rounds to it.
+    CHECK(rope::float_to_e4m3fn(std::ldexp(1.0f, -10)) == 0x00);
+    CHECK(rope::float_to_e4m3fn(std::nextafter(std::ldexp(1.0f, -10), 1.0f)) == 0x01);
+    CHECK(rope::float_to_e5m2(-std::ldexp(1.0f, -17)) == 0x80);
+    CHECK(rope::float_to_e5m2(-std::ldexp(3.0f, -17)) == 0x82);  // 1.5 units: tie to 2 units
+}
+
+TEST_CASE("fp8: a million random float32 bit patterns") {
+    CAPTURE(testing::seed());
+    std::mt19937_64 rng(testing::seed());
+    std::vector<float> patterns(1000000);
+    for (float& value : patterns) value = float_of(uint32_t(rng()));
+    for (Fp8Format format : formats) {
+        CAPTURE(rope::fp8_format_name(format));
+        CHECK(check_patterns(patterns, format) == 0);
+    }
+}
+
+TEST_CASE("fp8: quantize_fp8 divides by the dequantisation scale, rounding once") {
+    CAPTURE(testing::seed());
+    std::mt19937_64 rng(testing::seed() + 1);
+    for (Fp8Format format : formats) {
+        const std::vector<float> quotients = boundary_patterns(format);
+        for (float scale : {1.0f, 0.5f, 3.0f, 1.0f / 3.0f, 1e-3f, 7.1f}) {
+            CAPTURE(rope::fp8_format_name(format));
+            CAPTURE(scale);
+            // Values whose quotients land near every boundary, and random ones.
+            std::vector<float> values;
+            for (size_t i = 0; i < quotients.size(); i += 7) values.push_back(quotients[i] * scale);
+            std::uniform_real_distribution<float> uniform(-2.0f * rope::fp8_max(format) * scale,
+                                                          2.0f * rope::fp8_max(format) * scale);
+            for (int i = 0; i < 100000; ++i) values.push_back(uniform(rng));
+            int mismatches = 0;
+            for (float value : values) {
+                // The float32 quotient, computed in double and rounded once more to
+                // float: the same bits as a float32 division (double has more than
+                // twice float's precision, so the double rounding is innocuous).
+                const float quotient = float(double(value) / double(scale));
+                const uint8_t want = testing::reference_fp8(double(quotient), format);
+                const uint8_t got = rope::quantize_fp8(value, scale, format);
+                if (got != want && ++mismatches <= 10)
+                    FAIL_CHECK("value " << value << ": got 0x" << std::hex << int(got) << ", want 0x" << int(want));
+            }
+            CHECK(mismatches == 0);
+        }
+        // FlashInfer's reciprocal convention is not the same: x * (1/s) and x / s
+        // round apart for some x (for s = 7.1 here), and then to different codes.
+        int differ = 0;
+        const float scale = 7.1f;
+        for (float quotient : quotients) {
+            const float value = quotient * scale;
+            differ += rope::quantize_fp8(value, scale, format) != rope::float_to_fp8(value * (1.0f / scale), format);
+        }
+        CHECK(differ > 0);
+    }
+}
+
+TEST_CASE("fp8: format names") {
+    CHECK(rope::parse_fp8_format("e4m3fn") == Fp8Format::e4m3fn);
+    CHECK(rope::parse_fp8_format("float8_e5m2") == Fp8Format::e5m2);
+    CHECK(rope::parse_fp8_format(rope::fp8_format_name(Fp8Format::e5m2)) == Fp8Format::e5m2);
+    CHECK_THROWS_WITH_AS(rope::parse_fp8_format("e4m3"), doctest::Contains("fp8_format = e4m3"), rope::Error);
+}
+
+#if !ROPE_HAVE_CUDA
+testing::cuda::Fp8DeviceResults testing::cuda::fp8_on_device(const std::vector<float>&, float) {
+    throw rope::Error("rope::Error: fp8_on_device: this build has no CUDA");
+}
+#endif
+
+TEST_CASE("CUDA: fp8 conversions on the GPU give the host's bits") {
+    const rope::BackendInfo info = rope::backend_info("cuda-naive");
+    if (!info.available) {
+        testing::report_skip("fp8 on the GPU", info.reason);
+        return;
+    }
+    for (Fp8Format format : formats) {
+        std::vector<float> values = boundary_patterns(format);
+        std::mt19937_64 rng(testing::seed());
+        for (int i = 0; i < 100000; ++i) values.push_back(float_of(uint32_t(rng())));
+        for (float scale : {1.0f, 3.0f, 7.1f}) {
+            CAPTURE(scale);
+            const testing::cuda::Fp8DeviceResults device = testing::cuda::fp8_on_device(values, scale);
+            int mismatches = 0;
+            for (size_t i = 0; i < values.size(); ++i) {
+                const float value = values[i];
+                const bool same = device.e4m3fn[i] == rope::float_to_e4m3fn(value) &&
+                                  device.e5m2[i] == rope::float_to_e5m2(value) &&
+                                  device.e4m3fn_quantized[i] == rope::quantize_fp8(value, scale, Fp8Format::e4m3fn) &&
+                                  device.e5m2_quantized[i] == rope::quantize_fp8(value, scale, Fp8Format::e5m2);
+                if (!same && ++mismatches <= 10)
+                    FAIL_CHECK("float bits 0x" << std::hex << bits_of(values[i]) << ": the GPU's codes differ");
+            }
+            CHECK(mismatches == 0);
+            for (int code = 0; code < 256; ++code) {
+                CHECK(bits_of(device.e4m3fn_decoded[code]) == bits_of(rope::e4m3fn_to_float(uint8_t(code))));
+                CHECK(bits_of(device.e5m2_decoded[code]) == bits_of(rope::e5m2_to_float(uint8_t(code))));
+            }
+        }
+    }
+}
