@@ -17,6 +17,7 @@
 
 #include "check.hpp"
 #include "kernel_args.cuh"
+#include "kv_append_generic.hpp"
 #include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/pair_step.hpp"
@@ -119,6 +120,8 @@ public:
         });
         //! [launch]
     }
+    // RoPE + KV append: the direct port of cpu-naive's loops (kv_append_generic.cu).
+    void run_kv_append(const KvAppendPlan& plan) override { cuda_detail::launch_kv_append_generic(plan); }
 };
 
 }  // namespace

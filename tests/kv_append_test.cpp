@@ -659,3 +659,38 @@ TEST_CASE("append_kv: caches that interleave in one buffer are told apart exactl
         CHECK_THROWS_WITH_AS(rope::append_kv(*backend, s.config, a), doctest::Contains("v_cache.data"), rope::Error);
     }
 }
+
+TEST_CASE("docs/api.md: the append_kv example runs as shown") {
+    //! [append_kv example]
+    // One decode step of three sequences (one new token each), GQA: q 8 heads, k and v 2, head_dim 64.
+    rope::RopeConfig config;
+    config.head_dim = 64;
+    const int64_t tokens = 3, q_heads = 8, kv_heads = 2, dim = 64, pages = 16, page_size = 16;
+    std::vector<float> q(tokens * q_heads * dim, 0.5f), k(tokens * kv_heads * dim, 0.25f), v(tokens * kv_heads * dim, 1.0f);
+    std::vector<float> k_cache(pages * page_size * kv_heads * dim), v_cache(k_cache.size());
+
+    // Each sequence's length so far is its new token's position (the angle) ...
+    const std::vector<int64_t> positions = {17, 3, 40};
+    // ... and its page table names the cache slot: slot = page * page_size + offset in the page.
+    const std::vector<int64_t> slots = {5 * page_size + 1, 2 * page_size + 3, 9 * page_size + 8};
+
+    auto backend = rope::make_backend("cpu-naive");
+    const auto host = rope::Device::host;
+    rope::KvAppendArgs args = rope::KvAppendArgs::in_place(
+        rope::TensorView::packed(q.data(), rope::DType::f32, host, {tokens, q_heads, dim}),
+        rope::TensorView::packed(k.data(), rope::DType::f32, host, {tokens, kv_heads, dim}),
+        rope::TensorView::packed(v.data(), rope::DType::f32, host, {tokens, kv_heads, dim}),
+        rope::Positions::shared(positions.data(), tokens),
+        rope::SlotMapping{slots.data(), tokens, host},
+        rope::PagedCache::nhd(k_cache.data(), host, pages, page_size, kv_heads, dim),
+        rope::PagedCache::nhd(v_cache.data(), host, pages, page_size, kv_heads, dim));
+    rope::append_kv(*backend, config, args);  // q and k rotated in place; k and v appended
+    //! [append_kv example]
+    // Token 1's rotated k (head 0) is in slot 2 * 16 + 3, and its v beside it in the v cache.
+    const int64_t row = (2 * page_size + 3) * kv_heads * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+        CHECK(k_cache[size_t(row + d)] == k[size_t(kv_heads * dim + d)]);
+        CHECK(v_cache[size_t(row + d)] == 1.0f);
+    }
+    CHECK(k[size_t(kv_heads * dim + 1)] != 0.25f);  // Rotated (position 3).
+}

@@ -15,6 +15,7 @@
 
 #include "check.hpp"
 #include "kernel_args.cuh"
+#include "kv_append_generic.hpp"
 #include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
 #include "device_launch.cuh"
@@ -92,6 +93,8 @@ public:
                 launch_for_plan<Storage, int(kMaxPairs)>(plan, device);
         });
     }
+    // RoPE + KV append: the generic kernel (kv_append_generic.cu) until this backend has its own.
+    void run_kv_append(const KvAppendPlan& plan) override { launch_kv_append_generic(plan); }
 
 private:
     // The current device's SM count and capabilities: attribute queries, which
