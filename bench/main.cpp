@@ -223,28 +223,25 @@ public:
         if (bounds.empty()) bounds = {0, tokens_};
         const int64_t sequences = int64_t(bounds.size()) - 1, page_size = options.page_size;
         uint64_t state = 29;
-        std::vector<int64_t> cached(std::size_t(sequences)), first_page(std::size_t(sequences) + 1, 0);
-        for (int64_t b = 0; b < sequences; ++b) {
-            const int64_t length = bounds[std::size_t(b) + 1] - bounds[std::size_t(b)];
-            cached[std::size_t(b)] = int64_t(split_mix(state) % uint64_t(options.context));
-            first_page[std::size_t(b) + 1] =
-                first_page[std::size_t(b)] + (cached[std::size_t(b)] + sets_ * length + page_size - 1) / page_size;
+        std::vector<int64_t> cached(static_cast<std::size_t>(sequences), 0);
+        std::vector<int64_t> first_page(static_cast<std::size_t>(sequences) + 1, 0);  // Of each sequence's pages.
+        for (std::size_t b = 0; b < cached.size(); ++b) {
+            cached[b] = int64_t(split_mix(state) % uint64_t(options.context));
+            first_page[b + 1] = first_page[b] + (cached[b] + sets_ * (bounds[b + 1] - bounds[b]) + page_size - 1) /
+                                                    page_size;
         }
         const int64_t pages = first_page.back();
-        std::vector<int64_t> order(std::size_t(pages));
-        for (int64_t p = 0; p < pages; ++p) order[std::size_t(p)] = p;
-        for (int64_t p = pages - 1; p > 0; --p)  // Fisher-Yates: the page table in a random order.
-            std::swap(order[std::size_t(p)], order[std::size_t(split_mix(state) % uint64_t(p + 1))]);
-        std::vector<int64_t> slots(std::size_t(sets_ * tokens_));
+        std::vector<int64_t> order(static_cast<std::size_t>(pages), 0);
+        for (std::size_t p = 0; p < order.size(); ++p) order[p] = int64_t(p);
+        for (std::size_t p = order.size(); p > 1; --p)  // Fisher-Yates: the page table in a random order.
+            std::swap(order[p - 1], order[std::size_t(split_mix(state) % uint64_t(p))]);
+        std::vector<int64_t> slots(static_cast<std::size_t>(sets_ * tokens_), 0);
         for (int64_t s = 0; s < sets_; ++s)
-            for (int64_t b = 0; b < sequences; ++b)
-                for (int64_t t = bounds[std::size_t(b)]; t < bounds[std::size_t(b) + 1]; ++t) {
-                    const int64_t position = cached[std::size_t(b)] + s * (bounds[std::size_t(b) + 1] -
-                                                                           bounds[std::size_t(b)]) +
-                                             (t - bounds[std::size_t(b)]);
+            for (std::size_t b = 0; b < cached.size(); ++b)
+                for (int64_t t = bounds[b]; t < bounds[b + 1]; ++t) {
+                    const int64_t position = cached[b] + s * (bounds[b + 1] - bounds[b]) + (t - bounds[b]);
                     slots[std::size_t(s * tokens_ + t)] =
-                        order[std::size_t(first_page[std::size_t(b)] + position / page_size)] * page_size +
-                        position % page_size;
+                        order[std::size_t(first_page[b] + position / page_size)] * page_size + position % page_size;
                 }
         slots_ = on_device(slots, cuda);
         const std::size_t cache_element = options.cache_dtype == rope::CacheDType::model ? element : 1;
