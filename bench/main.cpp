@@ -41,6 +41,11 @@
 #include "cuda_timing.hpp"
 #include "rope/detail/kv_append_plan.hpp"
 #endif
+#if ROPE_BENCH_FLASHINFER
+#include <cmath>
+
+#include "append_flashinfer.hpp"
+#endif
 #if ROPE_BENCH_OPENMP
 #include <omp.h>
 #endif
@@ -244,6 +249,9 @@ public:
                         order[std::size_t(first_page[b] + position / page_size)] * page_size + position % page_size;
                 }
         slots_ = on_device(slots, cuda);
+#if ROPE_BENCH_FLASHINFER
+        prepare_flashinfer(form, bounds, cached, first_page, order, pages);
+#endif
         const std::size_t cache_element = options.cache_dtype == rope::CacheDType::model ? element : 1;
         const std::size_t cache_bytes =
             std::size_t(pages * page_size * form.k_heads * form.head_dim) * cache_element;
@@ -326,6 +334,43 @@ public:
 
     const CacheSize& cache() const { return cache_; }
 
+#if ROPE_BENCH_FLASHINFER
+    // FlashInfer's rows beside rope's (append_flashinfer.hpp): its fused kernel (op append) and, into
+    // model-dtype caches, its plain append of k and v (op append-cache-only), against the same ceiling.
+    std::vector<Row> measure_flashinfer(Row row) {
+        row.backend = "flashinfer";
+        row.form_detail = detail_ + "; positions = each token's place in its sequence";
+        std::vector<Row> rows;
+        for (const bool fused : {true, false}) {
+            Row measured = row;
+            measured.op = fused ? "append" : "append-cache-only";
+            auto issue = [&](int64_t c) {
+                const FlashInferAppend& call = flashinfer_calls_[std::size_t(c % sets_)];
+                if (fused) flashinfer_rope_append_async(call, stream_.get());
+                else flashinfer_append_async(call, stream_.get());
+            };
+            try {
+                issue(0);
+                stream_.synchronize();
+            } catch (const rope::Error& error) {
+                measured.not_run = "unsupported: " + std::string(error.what());
+                rows.push_back(measured);
+                continue;
+            }
+            std::vector<Measurement> runs;
+            for (int run = 0; run < options_.runs; ++run)
+                runs.push_back(cuda_measure(issue, options_.graph ? GpuClock::graph : GpuClock::events,
+                                            options_.reps > 0 ? options_.reps : kDefaultGpuReps, copy_,
+                                            stream_.get()));
+            measured.summary = summarize(runs);
+            measured.sets = sets_;
+            measured.bytes = moved_;
+            rows.push_back(measured);
+        }
+        return rows;
+    }
+#endif
+
     // The fused row and the unfused row of `backend`, or the one row saying why it refuses the call.
     std::vector<Row> measure_rows(rope::Backend& backend, Row row) {
         row.form_detail = detail_;
@@ -360,6 +405,79 @@ public:
     }
 
 private:
+#if ROPE_BENCH_FLASHINFER
+    // FlashInfer's page table of the same rows (indptr, indices), each token's sequence and position per set,
+    // a cos/sin table of every position, and q_out in the cache's type.
+    void prepare_flashinfer(const Form& form, const std::vector<int64_t>& bounds, const std::vector<int64_t>& cached,
+                            const std::vector<int64_t>& first_page, const std::vector<int64_t>& order,
+                            int64_t pages) {
+        const rope::Device cuda = rope::Device::cuda;
+        std::vector<int32_t> indptr(first_page.begin(), first_page.end()), indices(order.begin(), order.end());
+        std::vector<int32_t> last_page_len, batch_indices(std::size_t(tokens_), 0);
+        std::vector<int32_t> positions(std::size_t(sets_ * tokens_), 0);
+        int64_t rows = 1;
+        for (std::size_t b = 0; b + 1 < bounds.size(); ++b) {
+            const int64_t length = bounds[b + 1] - bounds[b], filled = cached[b] + sets_ * length;
+            last_page_len.push_back(int32_t((filled - 1) % options_.page_size + 1));
+            rows = std::max(rows, filled);
+            for (int64_t t = bounds[b]; t < bounds[b + 1]; ++t) {
+                batch_indices[std::size_t(t)] = int32_t(b);
+                for (int64_t s = 0; s < sets_; ++s)
+                    positions[std::size_t(s * tokens_ + t)] = int32_t(cached[b] + s * length + (t - bounds[b]));
+            }
+        }
+        // Indices hold every sequence's pages in table order: entry first_page[b] + j is page j of sequence b.
+        for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = int32_t(order[i]);
+        const int64_t half = form.head_dim / 2;
+        std::vector<float> cos_sin(std::size_t(rows * form.head_dim));
+        for (int64_t p = 0; p < rows; ++p)
+            for (int64_t i = 0; i < half; ++i) {
+                const double angle = double(p) * std::pow(10000.0, -2.0 * double(i) / double(form.head_dim));
+                cos_sin[std::size_t(p * form.head_dim + i)] = float(std::cos(angle));
+                cos_sin[std::size_t(p * form.head_dim + half + i)] = float(std::sin(angle));
+            }
+        fi_indptr_ = on_device(indptr, cuda);
+        fi_indices_ = on_device(indices, cuda);
+        fi_last_page_len_ = on_device(last_page_len, cuda);
+        fi_batch_indices_ = on_device(batch_indices, cuda);
+        fi_positions_ = on_device(positions, cuda);
+        fi_cos_sin_ = on_device(cos_sin, cuda);
+        const std::size_t cache_element = options_.cache_dtype == rope::CacheDType::model
+                                              ? std::size_t(rope::dtype_size(options_.dtype))
+                                              : 1;
+        const std::size_t q_out_bytes = std::size_t(tokens_ * form.q_heads * form.head_dim) * cache_element;
+        fi_q_out_ = rope::Buffer(cuda, set_stride(q_out_bytes) * std::size_t(sets_));
+        for (int64_t s = 0; s < sets_; ++s) {
+            FlashInferAppend call;
+            char* set = static_cast<char*>(inputs_.data()) + std::size_t(s) * stride_;
+            call.q = set;
+            call.k = set + q_bytes_;
+            call.v = set + q_bytes_ + kv_bytes_;
+            call.q_out = static_cast<char*>(fi_q_out_.data()) + std::size_t(s) * set_stride(q_out_bytes);
+            call.indptr = static_cast<const int32_t*>(fi_indptr_.data());
+            call.indices = static_cast<const int32_t*>(fi_indices_.data());
+            call.last_page_len = static_cast<const int32_t*>(fi_last_page_len_.data());
+            call.batch_indices = static_cast<const int32_t*>(fi_batch_indices_.data());
+            call.positions = static_cast<const int32_t*>(fi_positions_.data()) + s * tokens_;
+            call.cos_sin_cache = static_cast<const float*>(fi_cos_sin_.data());
+            call.tokens = uint32_t(tokens_);
+            call.q_heads = uint32_t(form.q_heads);
+            call.kv_heads = uint32_t(form.k_heads);
+            call.head_dim = uint32_t(form.head_dim);
+            call.page_size = uint32_t(options_.page_size);
+            call.sequences = uint32_t(bounds.size() - 1);
+            call.dtype = options_.dtype;
+            call.cache_dtype = options_.cache_dtype;
+            call.interleave = options_.style == rope::Style::interleaved;
+            call.quant_scale = options_.cache_dtype == rope::CacheDType::model ? 1.0f : 1.0f / 0.03125f;
+            flashinfer_calls_.push_back(call);
+        }
+        (void)pages;
+    }
+    rope::Buffer fi_indptr_, fi_indices_, fi_last_page_len_, fi_batch_indices_, fi_positions_, fi_cos_sin_, fi_q_out_;
+    std::vector<FlashInferAppend> flashinfer_calls_;
+#endif
+
     const Options& options_;
     CacheSize cache_;
     rope::RopeConfig config_;
@@ -480,6 +598,24 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
                 if (options.format == "table") std::cerr << "done: " << name << " " << row.shape << "\n";
             }
         }
+#if ROPE_BENCH_FLASHINFER
+        if (options.op == "append") {  // FlashInfer beside rope, in the same run (a build with its headers).
+            Row row = shape_row;
+            row.backend = "flashinfer";
+            row.op = "append";
+            row.threads = "-";
+            row.timing = options.graph ? "graph" : "events";
+            const rope::BackendInfo cuda = rope::backend_info("cuda-naive");
+            if (!cuda.available) {
+                row.not_run = "skipped: " + cuda.reason;
+                rows.push_back(row);
+                continue;
+            }
+            if (!append) append = std::make_unique<AppendWorkload>(options, form);
+            row.cache = std::to_string(append->cache().bytes >> 20) + " MiB (" + append->cache().source + ")";
+            for (const Row& measured : append->measure_flashinfer(row)) rows.push_back(measured);
+        }
+#endif
     }
     return rows;
 }
