@@ -19,6 +19,15 @@
 //     memory): it must throw rope::Error or accept, and it must never accept a
 //     view whose element offsets do not fit in int64.
 //
+// Then the same bytes go on to draw a RoPE + KV append call (rope::append_kv):
+// small dense q, k, v, and two caches whose geometry, strides, dtype (model or
+// FP8), scales and place in one cache region (so they may interleave or
+// collide), and whose slot mapping (negative, past the cache, repeated, short),
+// are hostile numbers. cpu-naive and cpu-eigen must both throw rope::Error and
+// write nothing, or both return having written only q_out, k_out and the rows
+// of the valid slots, no byte of which two rows claim (the exact overlap check),
+// with equal cache bytes where the caches are FP8 and agreeing values otherwise.
+//
 // Anything else (another exception, a sanitizer report, a failed check)
 // aborts, and libFuzzer keeps the input as a crash. The call is printed first,
 // so a crash file explains itself: rope-fuzz-validation CRASH_FILE (with
@@ -39,6 +48,7 @@
 
 #include "oracle.hpp"
 #include "random_call.hpp"
+#include "rope/detail/kv_append_plan.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/rope.hpp"
 
@@ -327,6 +337,212 @@ void check_agreement(const Call& call, const Outcome& eigen, const Outcome& naiv
     }
 }
 
+
+// ---------------------------------------------------------------------------
+// 2b. RoPE + KV append
+// ---------------------------------------------------------------------------
+
+constexpr int64_t kMaxCacheBytes = 1 << 14;
+__extension__ typedef __int128 Wide;  // Cache extents of hostile strides, before validation bounds them.
+
+// One hostile append call's memory: q, k, v, q_out, k_out dense, then the cache region.
+struct AppendCall {
+    rope::RopeConfig config;
+    DType dtype = DType::f32;
+    int64_t tokens = 0, q_heads = 0, kv_heads = 0, v_dim = 0;
+    bool in_place = false;
+    std::vector<uint8_t> bytes;  // [q | k | v | q_out | k_out | cache region]
+    std::array<int64_t, 6> start{};
+    std::vector<int64_t> slots;
+    std::vector<float> k_scales, v_scales;
+    rope::PagedCache k_cache, v_cache;
+    int64_t k_offset = 0, v_offset = 0;  // Bytes into the cache region.
+    rope::KvAppendArgs args;
+};
+
+int64_t hostile_size(random_call::Source& in, int64_t typical_high) {
+    return in.integer_in(0, 15) == 0 ? in.any_integer() : in.integer_in(0, typical_high);
+}
+
+AppendCall draw_append(random_call::Source& in) {
+    AppendCall a;
+    a.dtype = DType(in.integer_in(0, 2));
+    a.tokens = in.integer_in(1, 9);
+    a.kv_heads = in.integer_in(1, 3);
+    a.q_heads = a.kv_heads * in.integer_in(0, 2);
+    const int64_t head_dim = 2 * in.integer_in(1, 8);
+    a.v_dim = in.integer_in(1, 16);
+    a.config.head_dim = head_dim;
+    a.config.rotary_dim = 2 * in.integer_in(1, head_dim / 2);
+    a.config.style = in.integer_in(0, 1) ? rope::Style::interleaved : rope::Style::half_split;
+    a.in_place = in.integer_in(0, 1) == 1;
+    const int64_t element = rope::dtype_size(a.dtype);
+    const std::array<int64_t, 5> elements{a.tokens * a.q_heads * head_dim, a.tokens * a.kv_heads * head_dim,
+                                          a.tokens * a.kv_heads * a.v_dim, a.tokens * a.q_heads * head_dim,
+                                          a.tokens * a.kv_heads * head_dim};
+    int64_t offset = kGuardBytes;
+    for (size_t r = 0; r < 5; ++r) {
+        a.start[r] = offset;
+        offset += (elements[r] * element + kGuardBytes + 63) / 64 * 64;
+    }
+    a.start[5] = offset;
+    a.bytes.assign(size_t(offset + kMaxCacheBytes + kGuardBytes), 0);
+    // The caches: geometry and strides hostile, both in the cache region at hostile offsets.
+    for (rope::PagedCache* cache : {&a.k_cache, &a.v_cache}) {
+        cache->dtype = rope::CacheDType(in.integer_in(0, 2));
+        cache->pages = hostile_size(in, 6);
+        cache->page_size = hostile_size(in, 5);
+        cache->heads = in.integer_in(0, 7) == 0 ? in.integer_in(0, 4) : a.kv_heads;
+        cache->head_dim = in.integer_in(0, 7) == 0 ? in.integer_in(0, 20) : (cache == &a.k_cache ? head_dim : a.v_dim);
+        cache->stride_head = hostile_size(in, 40);
+        cache->stride_slot = hostile_size(in, 120);
+        cache->stride_page = hostile_size(in, 600);
+        std::vector<float>& scales = cache == &a.k_cache ? a.k_scales : a.v_scales;
+        const int64_t count = in.integer_in(0, 3);
+        for (int64_t i = 0; i < count; ++i) scales.push_back(float(in.integer_in(0, 7) == 0 ? in.any_real() : in.real_in(1e-3, 4)));
+        (cache == &a.k_cache ? a.k_offset : a.v_offset) = in.integer_in(0, kMaxCacheBytes);
+    }
+    const int64_t count = in.integer_in(0, a.tokens + 1);
+    for (int64_t t = 0; t < count; ++t) a.slots.push_back(in.integer_in(0, 5) == 0 ? in.any_integer() : in.integer_in(-1, 30));
+    return a;
+}
+
+// Builds the arguments over the memory (after a.bytes is final).
+void point(AppendCall& a) {
+    uint8_t* base = a.bytes.data();
+    const int64_t head_dim = a.config.head_dim;
+    auto view = [&](int r, int64_t heads, int64_t dim) {
+        return rope::TensorView::packed(base + a.start[size_t(r)], a.dtype, rope::Device::host, {a.tokens, heads, dim});
+    };
+    const rope::TensorView q = view(0, a.q_heads, head_dim), k = view(1, a.kv_heads, head_dim);
+    a.args = rope::KvAppendArgs::in_place(q, k, view(2, a.kv_heads, a.v_dim), rope::Positions::starting_at(3),
+                                          rope::SlotMapping{a.slots.data(), int64_t(a.slots.size()), rope::Device::host},
+                                          a.k_cache, a.v_cache);
+    if (!a.in_place) a.args.q_out = view(3, a.q_heads, head_dim), a.args.k_out = view(4, a.kv_heads, head_dim);
+    a.args.k_cache.data = base + a.start[5] + a.k_offset;
+    a.args.v_cache.data = base + a.start[5] + a.v_offset;
+    a.args.k_cache.scale = a.k_scales.empty() ? nullptr : a.k_scales.data();
+    a.args.k_cache.scale_count = int64_t(a.k_scales.size());
+    a.args.v_cache.scale = a.v_scales.empty() ? nullptr : a.v_scales.data();
+    a.args.v_cache.scale_count = int64_t(a.v_scales.size());
+}
+
+std::string describe_append(const AppendCall& a) {
+    std::string text = "append_kv: dtype " + std::string(rope::dtype_name(a.dtype)) + ", tokens " +
+                       std::to_string(a.tokens) + ", heads q " + std::to_string(a.q_heads) + " kv " +
+                       std::to_string(a.kv_heads) + ", head_dim " + std::to_string(a.config.head_dim) + " rotary " +
+                       std::to_string(a.config.rotary_dim) + ", v_dim " + std::to_string(a.v_dim) + ", slots [";
+    for (int64_t slot : a.slots) text += std::to_string(slot) + " ";
+    for (const rope::PagedCache* c : {&a.k_cache, &a.v_cache})
+        text += std::string("]; ") + (c == &a.k_cache ? "k_cache" : "v_cache") + " " + rope::cache_dtype_name(c->dtype) +
+                " pages " + std::to_string(c->pages) + " page_size " + std::to_string(c->page_size) + " heads " +
+                std::to_string(c->heads) + " head_dim " + std::to_string(c->head_dim) + " strides [" +
+                std::to_string(c->stride_page) + ", " + std::to_string(c->stride_slot) + ", " +
+                std::to_string(c->stride_head) + "] at byte " + std::to_string(c == &a.k_cache ? a.k_offset : a.v_offset);
+    return text + "\n";
+}
+
+[[noreturn]] void append_failure(const AppendCall& a, const std::string& what) {
+    std::fprintf(stderr, "\n=== rope-fuzz-validation: %s\n%s", what.c_str(), describe_append(a).c_str());
+    std::abort();
+}
+
+// Runs the append on @p backend from @p start; checks that it threw and wrote nothing, or
+// wrote only the outputs and the rows of the valid slots, each byte claimed once.
+bool run_append(rope::Backend& backend, AppendCall& a, const std::vector<uint8_t>& start, std::string& message) {
+    std::memcpy(a.bytes.data(), start.data(), start.size());
+    const std::vector<int64_t> slots = a.slots;
+    try {
+        rope::append_kv(backend, a.config, a.args);
+    } catch (const rope::Error& error) {
+        message = error.what();
+        if (std::memcmp(a.bytes.data(), start.data(), start.size()) != 0)
+            append_failure(a, backend.name() + " threw (" + message + ") after writing to memory");
+        return false;
+    }
+    if (slots != a.slots) append_failure(a, backend.name() + ": the slot mapping changed");
+    // Bytes the call may write, counted by how many elements claim them.
+    std::vector<uint8_t> claims(a.bytes.size(), 0);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(a.bytes.data());
+    for (const rope::TensorView* out : {&a.args.q_out, &a.args.k_out})
+        for_each_element(*out, [&](uintptr_t address) {
+            for (int64_t i = 0; i < rope::dtype_size(a.dtype); ++i) claims[size_t(address - base) + size_t(i)] = 1;
+        });
+    const int64_t limit = a.args.k_cache.pages * a.args.k_cache.page_size;
+    for (int64_t slot : a.slots) {
+        if (slot < 0 || slot >= limit) continue;
+        for (const rope::PagedCache* c : {&a.args.k_cache, &a.args.v_cache}) {
+            const int64_t element = c->dtype == rope::CacheDType::model ? rope::dtype_size(a.dtype) : 1;
+            for (int64_t h = 0; h < c->heads; ++h) {
+                const int64_t row = (slot / c->page_size) * c->stride_page + (slot % c->page_size) * c->stride_slot +
+                                    h * c->stride_head;
+                for (int64_t i = 0; i < c->head_dim * element; ++i) {
+                    const size_t at = size_t(reinterpret_cast<uintptr_t>(c->data) - base) + size_t(row * element + i);
+                    if (at >= claims.size()) append_failure(a, "accepted a cache row outside the cache region");
+                    if (claims[at] == 2) append_failure(a, "accepted caches whose rows share byte " + std::to_string(at));
+                    claims[at] = 2;
+                }
+            }
+        }
+    }
+    for (size_t i = 0; i < start.size(); ++i)
+        if (claims[i] == 0 && a.bytes[i] != start[i])
+            append_failure(a, backend.name() + " wrote byte " + std::to_string(i) + " outside its outputs and rows");
+    return true;
+}
+
+void fuzz_append(random_call::Source& in) {
+    static const std::unique_ptr<rope::Backend> naive = rope::make_backend("cpu-naive");
+    static const std::unique_ptr<rope::Backend> eigen = rope::make_backend("cpu-eigen");
+    AppendCall a = draw_append(in);
+    point(a);
+    // Caches that do not fit the cache region (or whose offsets overflow) are only validated:
+    // validation cannot know the allocation, and must then refuse what overflows int64.
+    bool fits = true;
+    for (const auto& [cache, offset] : {std::pair{&a.args.k_cache, a.k_offset}, std::pair{&a.args.v_cache, a.v_offset}}) {
+        const int64_t element = cache->dtype == rope::CacheDType::model ? rope::dtype_size(a.dtype) : 1;
+        Wide last = 0;
+        for (const auto& [count, stride] : {std::pair{cache->pages, cache->stride_page}, std::pair{cache->page_size, cache->stride_slot},
+                                            std::pair{cache->heads, cache->stride_head}})
+            last += Wide(std::max<int64_t>(count - 1, 0)) * stride;
+        const Wide bytes = (last + cache->head_dim) * element;
+        fits = fits && cache->pages >= 0 && cache->page_size >= 0 && cache->stride_page >= 0 && cache->stride_slot >= 0 &&
+               cache->stride_head >= 0 && offset + bytes <= kMaxCacheBytes;
+    }
+    if (!fits) {
+        try {
+            const rope::KvAppendPlan plan = rope::make_kv_append_plan(a.config, a.args, rope::Device::host);
+            (void)plan;
+        } catch (const rope::Error&) {
+            return;
+        }
+        for (const rope::PagedCache* cache : {&a.args.k_cache, &a.args.v_cache}) {
+            int64_t last = 0, reach = 0;
+            if (__builtin_mul_overflow(cache->pages - 1, cache->stride_page, &last) ||
+                __builtin_mul_overflow(cache->page_size - 1, cache->stride_slot, &reach) ||
+                __builtin_add_overflow(last, reach, &last))
+                append_failure(a, "make_kv_append_plan accepted a cache whose offsets overflow int64");
+        }
+        return;
+    }
+    Random random{uint64_t(a.tokens * 7919 + a.v_dim)};
+    for (uint8_t& byte : a.bytes) byte = uint8_t(random.next());
+    for (const rope::TensorView* input : {&a.args.q, &a.args.k, &a.args.v})
+        for_each_element(*input, [&](uintptr_t address) { store(address, a.dtype, random.input_value()); });
+    const std::vector<uint8_t> start = a.bytes;
+    std::string naive_message, eigen_message;
+    const bool naive_ran = run_append(*naive, a, start, naive_message);
+    const std::vector<uint8_t> after_naive = a.bytes;
+    const bool eigen_ran = run_append(*eigen, a, start, eigen_message);
+    if (naive_ran != eigen_ran)
+        append_failure(a, "cpu-naive " + (naive_ran ? std::string("returned") : "threw " + naive_message) +
+                              ", cpu-eigen " + (eigen_ran ? std::string("returned") : "threw " + eigen_message));
+    if (!naive_ran) {
+        if (naive_message != eigen_message) append_failure(a, "different messages: " + naive_message + " / " + eigen_message);
+        return;
+    }
+    // cpu-eigen's values agreeing with cpu-naive's is the randomised differential run's to check.
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -347,6 +563,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!arena.run || !fill(call, arena)) {
         validate_only(call, args);
         if (print) std::fprintf(stderr, "outcome: validated only\n");
+        fuzz_append(source);
         return 0;
     }
     const std::vector<uint8_t> start = arena.bytes;
@@ -384,5 +601,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                      : empty          ? "empty: nothing written"
                      : use_oracle     ? "rotated, equal to the oracle and across backends"
                                       : "rotated, equal across backends");
+    fuzz_append(source);
     return 0;
 }

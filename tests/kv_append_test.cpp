@@ -16,9 +16,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,7 @@
 #include "rope/detail/kv_append_plan.hpp"
 #include "rope/error.hpp"
 #include "rope/kv_append.hpp"
+#include "fp8_reference.hpp"
 #include "support.hpp"
 
 using testing::HostTensor;
@@ -58,6 +61,9 @@ struct Shape {
     int64_t padding = 2;    // Tokens among the first slot_count with slot -1.
     int64_t tail = 1;       // Tokens past slot_count (padding too).
     int64_t q_pad = 0;      // Unused elements after each row of q, k, v (strided views).
+    rope::CacheDType cache_dtype = rope::CacheDType::model;  // Of both caches.
+    float scale = 1.0f;     // FP8: the dequantisation scale of head 0 (head h: scale * (1 + 0.37 h) per head).
+    bool per_head_scales = false;
 };
 
 // A call on host memory. Both caches live in one byte buffer (they may interleave).
@@ -74,6 +80,7 @@ struct Setup {
     int64_t k_offset = -1, v_offset = -1;  // Bytes into cache_bytes, or -1: data used as it is.
     std::vector<float> table;
     int64_t table_rows = 0;
+    std::vector<float> k_scales, v_scales;  // FP8 caches: 1 or heads scales each.
     float scale_value = 1.0f;  // A scale for tests that need one.
     HostTensor spare;          // A replacement tensor for tests that need one.
 
@@ -89,6 +96,8 @@ struct Setup {
         rope::PagedCache c = keys ? k_cache : v_cache;
         const int64_t offset = keys ? k_offset : v_offset;
         if (offset >= 0) c.data = const_cast<uint8_t*>(cache_bytes.data()) + offset;
+        const std::vector<float>& scales = keys ? k_scales : v_scales;
+        if (!scales.empty()) c.scale = scales.data(), c.scale_count = int64_t(scales.size());
         return c;
     }
     rope::KvAppendArgs args() const {
@@ -121,7 +130,9 @@ std::vector<int64_t> random_slots(const Shape& shape, std::mt19937_64& rng) {
 }
 
 // Element size of a model-dtype cache.
-int64_t element_of(const Setup& s) { return rope::dtype_size(s.shape.dtype); }
+int64_t element_of(const Setup& s) {
+    return s.shape.cache_dtype == rope::CacheDType::model ? rope::dtype_size(s.shape.dtype) : 1;
+}
 
 void build_caches(Setup& s) {
     const Shape& n = s.shape;
@@ -138,11 +149,15 @@ void build_caches(Setup& s) {
             void* k_data = s.cache_bytes.data();
             void* v_data = s.cache_bytes.data() + k_elements * e + 32;
             if (n.layout == CacheLayout::hnd) {
-                s.k_cache = rope::PagedCache::hnd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row);
-                s.v_cache = rope::PagedCache::hnd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row);
+                s.k_cache = rope::PagedCache::hnd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row,
+                                                  n.cache_dtype);
+                s.v_cache = rope::PagedCache::hnd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row,
+                                                  n.cache_dtype);
             } else {
-                s.k_cache = rope::PagedCache::nhd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row);
-                s.v_cache = rope::PagedCache::nhd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row);
+                s.k_cache = rope::PagedCache::nhd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row,
+                                                  n.cache_dtype);
+                s.v_cache = rope::PagedCache::nhd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row,
+                                                  n.cache_dtype);
             }
             if (n.layout == CacheLayout::strided_pages) {  // 13 unused elements after every page.
                 s.k_cache.stride_page += 13;
@@ -154,7 +169,7 @@ void build_caches(Setup& s) {
             REQUIRE(n.v_dim == n.head_dim);
             s.cache_bytes.assign(size_t(n.pages * n.page_size * n.kv_heads * 2 * k_row * e), 0);
             s.k_cache = rope::PagedCache::nhd(s.cache_bytes.data(), rope::Device::host, n.pages, n.page_size,
-                                              n.kv_heads, k_row);
+                                              n.kv_heads, k_row, n.cache_dtype);
             s.k_cache.stride_head = 2 * k_row;
             s.k_cache.stride_slot = n.kv_heads * 2 * k_row;
             s.k_cache.stride_page = n.page_size * n.kv_heads * 2 * k_row;
@@ -166,10 +181,16 @@ void build_caches(Setup& s) {
             REQUIRE(n.kv_heads == 1);
             s.cache_bytes.assign(size_t(n.pages * n.page_size * (n.head_dim + n.v_dim) * e), 0);
             const rope::MlaCache mla = rope::mla_cache(s.cache_bytes.data(), n.dtype, rope::Device::host, n.pages,
-                                                       n.page_size, n.v_dim, n.head_dim);
+                                                       n.page_size, n.v_dim, n.head_dim, n.cache_dtype);
             s.k_cache = mla.k_cache;
             s.v_cache = mla.v_cache;
             break;
+        }
+    }
+    if (n.cache_dtype != rope::CacheDType::model) {
+        for (int64_t h = 0; h < (n.per_head_scales ? n.kv_heads : 1); ++h) {
+            s.k_scales.push_back(n.scale * (1.0f + 0.37f * float(h)));
+            s.v_scales.push_back(n.scale * (1.7f + 0.37f * float(h)));
         }
     }
     s.k_offset = static_cast<uint8_t*>(s.k_cache.data) - s.cache_bytes.data();
@@ -227,6 +248,8 @@ void run_append(rope::Backend& backend, Setup& s) {
     add(s.slots.data(), s.slots.size() * 8);
     add(s.cache_bytes.data(), s.cache_bytes.size());
     add(s.table.data(), s.table.size() * 4);
+    add(s.k_scales.data(), s.k_scales.size() * 4);
+    add(s.v_scales.data(), s.v_scales.size() * 4);
     auto moved = [&](const void* pointer) -> void* {
         for (Region& r : regions) {
             const auto* base = static_cast<const uint8_t*>(r.host);
@@ -292,7 +315,7 @@ void check_ulp(const std::vector<double>& got, const std::vector<double>& want, 
         if (!(std::fabs(got[i] - want[i]) <= ulp_of(want[i], dtype) + pipeline)) {
             if (bad++ == 0) first = i;
         }
-    INFO(what << ": " << bad << " of " << got.size() << " elements off by more than one ulp + " << pipeline
+    INFO(std::string(what) << ": " << bad << " of " << got.size() << " elements off by more than one ulp + " << pipeline
               << (bad ? " (first: element " + std::to_string(first) + ", got " + std::to_string(got[first]) +
                             ", want " + std::to_string(want[first]) + ")"
                       : std::string()));
@@ -317,20 +340,53 @@ void check_append(rope::Backend& backend, Setup s) {
     std::vector<uint8_t> expected_untouched = before.cache_bytes;
     const int64_t e = element_of(s);
     auto check_cache = [&](const rope::PagedCache& cache, const rope::PagedCache& cache_before,
-                           const std::vector<oracle::CacheWrite>& writes, const char* what) {
+                           const std::vector<oracle::CacheWrite>& writes, const char* what, bool keys) {
         std::vector<double> got, expected;
         const size_t offset = size_t(static_cast<uint8_t*>(cache.data) - s.cache_bytes.data());
         REQUIRE(offset == size_t(static_cast<uint8_t*>(cache_before.data) - before.cache_bytes.data()));
+        long fp8_wrong = 0, fp8_not_own = 0;
         for (const oracle::CacheWrite& w : writes) {
-            got.push_back(cache_value(s, cache, w.index));
-            expected.push_back(w.value);
             // Mark the written bytes as they are now, so the comparison below skips them.
-            std::memcpy(expected_untouched.data() + offset + size_t(w.index * e), s.cache_bytes.data() + offset + size_t(w.index * e), size_t(e));
+            std::memcpy(expected_untouched.data() + offset + size_t(w.index * e),
+                        s.cache_bytes.data() + offset + size_t(w.index * e), size_t(e));
+            if (cache.dtype == rope::CacheDType::model) {
+                got.push_back(cache_value(s, cache, w.index));
+                expected.push_back(w.value);
+                continue;
+            }
+            const rope::Fp8Format format =
+                cache.dtype == rope::CacheDType::e4m3fn ? rope::Fp8Format::e4m3fn : rope::Fp8Format::e5m2;
+            const uint8_t code = s.cache_bytes[offset + size_t(w.index)];
+            const double scale = cache.scale[cache.scale_count == 1 ? 0 : w.head];
+            // Against the oracle: the reference code of the exact value or, where the float32
+            // pipeline's error (and the float32 division's) could carry the value across rounding
+            // boundaries, a code between the reference codes of the two ends of that error.
+            const double slack = (keys ? pipeline : 0.0) + std::fabs(w.value) * 0x1p-22;
+            const uint8_t exact = testing::reference_fp8(w.value / scale, format);
+            const double low = testing::reference_fp8_value(testing::reference_fp8((w.value - slack) / scale, format), format);
+            const double high = testing::reference_fp8_value(testing::reference_fp8((w.value + slack) / scale, format), format);
+            const double value = testing::reference_fp8_value(code, format);
+            if (code != exact && !(value >= low && value <= high)) {
+                if (fp8_wrong == 0)
+                    MESSAGE("first FP8 mismatch: token " << w.token << " head " << w.head << " feature " << w.feature
+                                                         << ": code " << int(code) << ", reference " << int(exact)
+                                                         << " of " << w.value << " / " << scale);
+                ++fp8_wrong;
+            }
+            if (keys && s.shape.dtype != rope::DType::f32) continue;
+            // Bit-exact against the backend's own float32 value (k_out of an fp32 call holds it
+            // unrounded; v is exact): quantize_fp8's definition, float32 division then one rounding.
+            const float own = float(oracle::read(keys ? s.k_result().view : s.v.view, 0, w.head, w.token, w.feature));
+            if (code != testing::reference_fp8(double(own / float(scale)), format)) ++fp8_not_own;
         }
-        check_ulp(got, expected, s.shape.dtype, pipeline, what);
+        if (cache.dtype == rope::CacheDType::model) check_ulp(got, expected, s.shape.dtype, pipeline, what);
+        INFO(std::string(what) << ": " << fp8_wrong << " of " << writes.size() << " FP8 codes differ from the reference");
+        CHECK(fp8_wrong == 0);
+        INFO(std::string(what) << ": " << fp8_not_own << " FP8 codes are not the reference's of the backend's own float32 value");
+        CHECK(fp8_not_own == 0);
     };
-    check_cache(s.cache(true), before.cache(true), want.k_cache, "k_cache rows");
-    check_cache(s.cache(false), before.cache(false), want.v_cache, "v_cache rows");
+    check_cache(s.cache(true), before.cache(true), want.k_cache, "k_cache rows", true);
+    check_cache(s.cache(false), before.cache(false), want.v_cache, "v_cache rows", false);
     size_t changed = 0;
     for (size_t i = 0; i < s.cache_bytes.size(); ++i) changed += s.cache_bytes[i] != expected_untouched[i];
     INFO("cache bytes written outside the slots' rows: " << changed);
@@ -424,6 +480,73 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: every angle form (partial rotary, M-RoPE i
     }
 }
 TEST_CASE_TEMPLATE_APPLY(angles, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv: FP8 caches (e4m3fn, e5m2), per-tensor and per-head scales, bit-exact", B, fp8) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    for (rope::CacheDType format : {rope::CacheDType::e4m3fn, rope::CacheDType::e5m2})
+        for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16, rope::DType::f16})
+            for (bool per_head : {false, true})
+                for (CacheLayout layout : {CacheLayout::nhd, CacheLayout::packed_kv}) {
+                    CAPTURE(rope::cache_dtype_name(format));
+                    CAPTURE(per_head);
+                    Shape shape;
+                    shape.dtype = dtype;
+                    shape.layout = layout;
+                    shape.cache_dtype = format;
+                    shape.scale = 0.0123f;  // Not a power of two: x / s rounds as its own quotient.
+                    shape.per_head_scales = per_head;
+                    shape.tokens = 12;
+                    shape.tail = 2;
+                    check_append(*backend, make_setup(config_of(32, 24), shape));
+                }
+    // MLA with an FP8 cache.
+    Shape shape;
+    shape.layout = CacheLayout::mla;
+    shape.cache_dtype = rope::CacheDType::e4m3fn;
+    shape.dtype = rope::DType::bf16;
+    shape.kv_heads = 1;
+    shape.head_dim = 64;
+    shape.v_dim = 512;
+    shape.scale = 0.02f;
+    check_append(*backend, make_setup(config_of(64, 0, rope::Style::interleaved), shape));
+}
+TEST_CASE_TEMPLATE_APPLY(fp8, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: FP8 saturates (scale != 1): overflow gives +-max, never inf or NaN", B,
+                          fp8_saturation) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // Inputs up to 2 in magnitude (rotated: up to 2.83) over scales that put most of them past
+    // the format's largest finite value (448 for e4m3fn, 57344 for e5m2).
+    for (auto [format, scale, max_code] : {std::tuple{rope::CacheDType::e4m3fn, 1.0f / 1024, uint8_t(0x7e)},
+                                           std::tuple{rope::CacheDType::e5m2, 1.0f / 65536 / 3, uint8_t(0x7b)}}) {
+        CAPTURE(rope::cache_dtype_name(format));
+        Shape shape;
+        shape.cache_dtype = format;
+        shape.scale = scale;
+        shape.padding = shape.tail = 0;
+        Setup s = make_setup(config_of(32), shape);
+        check_append(*backend, s);  // Codes equal to the saturating reference's.
+        run_append(*backend, s);    // Once more, to count the codes.
+        long saturated = 0, not_finite = 0;
+        for (int64_t slot : s.slots)
+            for (int64_t h = 0; h < shape.kv_heads; ++h)
+                for (bool keys : {true, false}) {
+                    const rope::PagedCache c = s.cache(keys);
+                    const int64_t row = (slot / c.page_size) * c.stride_page + (slot % c.page_size) * c.stride_slot +
+                                        h * c.stride_head;
+                    for (int64_t d = 0; d < c.head_dim; ++d) {
+                        const uint8_t code = static_cast<uint8_t*>(c.data)[row + d] & 0x7f;
+                        saturated += code == max_code;
+                        not_finite += format == rope::CacheDType::e4m3fn ? code == 0x7f : code >= 0x7c;
+                    }
+                }
+        CHECK(saturated > 100);
+        CHECK(not_finite == 0);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(fp8_saturation, AllBackends);
 
 TEST_CASE_TEMPLATE_DEFINE("append_kv bug: the rotated k is written back to the live k, not only to the cache", B,
                           written_back) {
@@ -520,6 +643,27 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv bug: positions past the cos/sin table are r
     }
 }
 TEST_CASE_TEMPLATE_APPLY(table_bounds, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv: a slot past the cache is refused on the host, skipped on a device", B,
+                          slot_bounds) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    Shape shape;
+    shape.padding = shape.tail = 0;
+    Setup s = make_setup(config_of(32), shape);
+    s.slots[2] = shape.pages * shape.page_size + 5;  // Past the cache.
+    if (backend->device() == rope::Device::host) {
+        const std::vector<uint8_t> cache = s.cache_bytes;
+        CHECK_THROWS_WITH_AS(rope::append_kv(*backend, s.config, s.args()),
+                             doctest::Contains("slot_mapping.slots[2] = 29"), rope::Error);
+        CHECK(s.cache_bytes == cache);
+    } else {
+        // Device slots cannot be read before the launch: the token is rotated, written nowhere
+        // in the caches (the oracle's rule too), and every other token is cached.
+        check_append(*backend, s);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(slot_bounds, AllBackends);
 
 TEST_SUITE("large") {
 TEST_CASE_TEMPLATE_DEFINE("append_kv bug: 64-bit offsets, a slot past 2^31 elements of the cache", B, large_offsets) {
@@ -628,6 +772,32 @@ TEST_CASE("append_kv rejects bad input, naming the parameter, and writes nothing
              s.spare = testing::make_packed(s.shape.dtype, {7, 4, 32}, 0, 2), a.q = s.spare.view;
          }},
         {"positions.offset = -1", [](Setup&, rope::KvAppendArgs& a) { a.positions.offset = -1; }},
+        {"k_cache.scale = null", [](Setup&, rope::KvAppendArgs& a) { a.k_cache.dtype = rope::CacheDType::e4m3fn; }},
+        {"v_cache.scale_count = 3",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales.assign(3, 0.5f);
+             a.v_cache.dtype = rope::CacheDType::e5m2, a.v_cache.scale = s.k_scales.data(), a.v_cache.scale_count = 3;
+         }},
+        {"k_cache.scale[1] = 0",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {0.5f, 0.0f};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 2;
+         }},
+        {"k_cache.scale[0] = -1",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {-1.0f};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
+         }},
+        {"k_cache.scale[0] = nan",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {NAN};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
+         }},
+        {"k_cache.scale[0] = inf",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales = {INFINITY};
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
+         }},
     };
     for (const Bad& bad : cases) {
         CAPTURE(std::string(bad.parameter));
@@ -693,4 +863,68 @@ TEST_CASE("docs/api.md: the append_kv example runs as shown") {
         CHECK(v_cache[size_t(row + d)] == 1.0f);
     }
     CHECK(k[size_t(kv_heads * dim + 1)] != 0.25f);  // Rotated (position 3).
+}
+
+TEST_CASE("randomised differential run: append_kv on every available backend vs the oracle") {
+    // Random calls from a seeded engine: pairing, partial rotary, M-RoPE ids, a cos/sin table,
+    // precise angles, linear scaling; dtype; tokens, GQA heads, head_dim and v's; pages and page
+    // size; cache layout (NHD, HND, packed [K|V], padded pages, MLA) and dtype (model, e4m3fn,
+    // e5m2; per-tensor or per-head scales); padding slots and a short slot list; strided q, k,
+    // v; in place or not. Each runs on every available backend through check_append (the oracle,
+    // the cache bytes, the inputs). ROPE_DIFFERENTIAL_CONFIGS sets how many (default 150).
+    const char* env = std::getenv("ROPE_DIFFERENTIAL_CONFIGS");
+    const long configs = env ? std::min(std::atol(env), 400L) : 150;
+    std::mt19937_64 rng(testing::seed() ^ 0xa99e9dULL);
+    auto pick = [&](int64_t low, int64_t high) { return std::uniform_int_distribution<int64_t>(low, high)(rng); };
+    std::vector<std::unique_ptr<rope::Backend>> backends;
+    for (const rope::BackendInfo& info : rope::list_backends())
+        if (info.available) backends.push_back(rope::make_backend(info.name));
+    for (long index = 0; index < configs; ++index) {
+        CAPTURE(index);
+        Shape shape;
+        shape.layout = CacheLayout(pick(0, 4));
+        shape.dtype = rope::DType(pick(0, 2));
+        shape.cache_dtype = rope::CacheDType(pick(0, 2));
+        shape.per_head_scales = pick(0, 1) == 1;
+        shape.scale = float(std::ldexp(1.0 + double(pick(0, 999)) / 1000.0, int(pick(-9, 2))));
+        shape.tokens = pick(1, 40);
+        shape.kv_heads = shape.layout == CacheLayout::mla ? 1 : pick(1, 4);
+        shape.q_heads = shape.kv_heads * pick(0, 3);  // 0: k alone.
+        shape.head_dim = 2 * pick(1, 48);
+        shape.v_dim = shape.layout == CacheLayout::packed_kv ? shape.head_dim : pick(1, 96);
+        shape.page_size = pick(1, 16);
+        shape.pages = (shape.tokens + shape.page_size - 1) / shape.page_size + pick(0, 4);
+        shape.tail = pick(0, shape.tokens);
+        shape.padding = pick(0, 3);
+        shape.in_place = pick(0, 1) == 1;
+        shape.q_pad = pick(0, 1) * pick(1, 5);
+        rope::RopeConfig config = config_of(shape.head_dim, 2 * pick(1, shape.head_dim / 2),
+                                            pick(0, 1) ? rope::Style::interleaved : rope::Style::half_split);
+        const int64_t pairs = config.effective_rotary_dim() / 2;
+        const int64_t form = pick(0, 4);  // offset, M-RoPE ids, table, precise, linear
+        if (form == 1 && pairs >= 3) {
+            config.multi_axis.assignment = pick(0, 1) ? rope::AxisAssignment::mrope_contiguous : rope::AxisAssignment::single;
+            if (config.multi_axis.assignment != rope::AxisAssignment::single) {
+                const int64_t t = pick(1, pairs - 2), h = pick(1, pairs - t - 1);
+                config.multi_axis.sections = {t, h, pairs - t - h};
+            }
+        }
+        if (form == 3) config.precise_angles = true;
+        if (form == 4) config.scaling.type = rope::ScalingType::linear, config.scaling.factor = 1.0 + double(pick(0, 30));
+        Setup s = make_setup(config, shape);
+        if (form == 1) {
+            s.axes = config.multi_axis.axes();
+            for (int64_t a = 0; a < s.axes; ++a)
+                for (int64_t t = 0; t < shape.tokens; ++t) s.ids.push_back(pick(0, 4000));
+        }
+        if (form == 2) {
+            s.table_rows = s.offset + shape.tokens + pick(0, 10);
+            s.table = rope::make_cos_sin_cache(config, s.table_rows);
+        }
+        if (form == 3) s.offset = pick(0, 1000000);
+        for (const auto& backend : backends) {
+            if (config.effective_rotary_dim() > backend->limits().max_rotary_dim) continue;
+            check_append(*backend, s);
+        }
+    }
 }

@@ -234,14 +234,16 @@ Appended append_kv(const rope::RopeConfig& config, const rope::TensorView& q, co
     const Sizes nk = sizes_of(k), nv = sizes_of(v);
     for (long t = 0; t < long(slots.size()) && t < nk.seq; ++t) {
         const long slot = slots[size_t(t)];
-        if (slot < 0) continue;  // Padding: rotated, not cached.
+        // Padding: rotated, not cached. A slot past the cache is written nowhere either (what
+        // the CUDA kernels do with a device slot validation could not read; host slots are refused).
+        if (slot < 0 || slot >= k_cache.pages * k_cache.page_size) continue;
         const long page = slot / k_cache.page_size, in_page = slot % k_cache.page_size;
         for (long h = 0; h < nk.heads; ++h) {
             const long k_row = page * k_cache.stride_page + in_page * k_cache.stride_slot + h * k_cache.stride_head;
             for (long d = 0; d < nk.dim; ++d)
-                result.k_cache.push_back({k_row + d, h, result.k[size_t((h * nk.seq + t) * nk.dim + d)]});
+                result.k_cache.push_back({k_row + d, h, t, d, result.k[size_t((h * nk.seq + t) * nk.dim + d)]});
             const long v_row = page * v_cache.stride_page + in_page * v_cache.stride_slot + h * v_cache.stride_head;
-            for (long d = 0; d < nv.dim; ++d) result.v_cache.push_back({v_row + d, h, read(v, 0, h, t, d)});
+            for (long d = 0; d < nv.dim; ++d) result.v_cache.push_back({v_row + d, h, t, d, read(v, 0, h, t, d)});
         }
     }
     return result;

@@ -56,12 +56,15 @@ std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorVie
 // RoPE + KV append (rope::append_kv), from its definition: q and k rotated as
 // rotate() does; token t (t < slot_count, slots[t] >= 0) writes its rotated k row
 // and its v row at page slots[t] / page_size, slot slots[t] % page_size of each
-// cache, element page * stride_page + slot * stride_slot + head * stride_head + d.
+// cache, element page * stride_page + slot * stride_slot + head * stride_head + d
+// (a slot past pages * page_size is written nowhere, as the CUDA kernels treat a device slot).
 // The exact values are returned; what a cache stores (the model dtype's rounding, an
 // FP8 code) is the test's comparison to make.
 struct CacheWrite {
     long index;    // Element of the cache (in the cache's own element size).
     long head;     // Its head (for per-head scales).
+    long token;    // The token and feature it holds.
+    long feature;
     double value;  // The exact value written there.
 };
 struct Appended {

@@ -184,7 +184,6 @@ void check_cache(std::string_view name, const PagedCache& cache, const Geometry&
                  "must be 0 with a null scale for a model-dtype cache (scales are for FP8 caches)");
         return;
     }
-    fail(field("dtype"), cache_dtype_name(cache.dtype), "FP8 caches are not supported yet (rope/fp8.hpp)");
     if (cache.scale == nullptr)
         fail(field("scale"), "null",
              std::string("an ") + cache_dtype_name(cache.dtype) + " cache needs its dequantisation scale(s)");

@@ -185,8 +185,9 @@ private:
 
     // RoPE + KV append: OpenMP threads over tokens, each token's cos/sin computed once
     // (fill_token_trig) for all its heads of q and k, its rows rotated by the same row
-    // kernels as run(); a cached token's k row is then copied from k_out into the cache
-    // (the same bits cpu-naive writes), its v row from v.
+    // kernels as run(); a cached token's k row is then stored from k_out into the cache
+    // (the same bits cpu-naive writes; fp32 rows also hold the float32 value an FP8 cache
+    // is quantised from), its v row from v.
     template <typename Storage>
     void append_typed(const KvAppendPlan& kv) {
         const Plan& plan = kv.rope;
@@ -200,6 +201,9 @@ private:
         const Operand& q = plan.q;
         const Operand& k = plan.k;
         const Geometry& v = kv.v_geometry;
+        // An FP8 k cache is quantised from the float32 rotation, which a 2-byte k_out row no
+        // longer holds: those rows are rotated pair by pair here, each pair written to both.
+        const bool quantised_from_float = kv.k_cache.dtype != CacheDType::model && !std::is_same_v<Storage, float>;
 #pragma omp parallel num_threads(team)
         {
             std::vector<float> cos(size_t(plan.pairs)), sin(size_t(plan.pairs));
@@ -212,20 +216,48 @@ private:
                              cos.data(), sin.data(), shape);
                 const int64_t slot = kv.slot_of(t);
                 for (int64_t h = 0; h < k.in_geometry.heads; ++h) {
+                    const Storage* const k_in = static_cast<const Storage*>(k.in) + k.in_geometry.offset(0, h, t, 0);
                     Storage* const k_row = static_cast<Storage*>(k.out) + k.out_geometry.offset(0, h, t, 0);
-                    k_kernel({static_cast<const Storage*>(k.in) + k.in_geometry.offset(0, h, t, 0), k.in_geometry.stride_dim},
-                             {k_row, k.out_geometry.stride_dim}, cos.data(), sin.data(), shape);
+                    // Rows are contiguous (make_kv_append_plan): element d is row[d].
+                    if (slot >= 0 && quantised_from_float) {
+                        rotate_and_quantise_row(plan, kv.k_cache, kv.k_cache.row_offset(slot, kv.page_size, h), h, k_in,
+                                                k_row, cos.data(), sin.data());
+                    } else {
+                        k_kernel({k_in, k.in_geometry.stride_dim}, {k_row, k.out_geometry.stride_dim}, cos.data(),
+                                 sin.data(), shape);
+                    }
                     if (slot < 0) continue;  // Padding: rotated, not cached.
                     const Storage* const v_row = static_cast<const Storage*>(kv.v) + v.offset(0, h, t, 0);
                     const int64_t k_at = kv.k_cache.row_offset(slot, kv.page_size, h);
                     const int64_t v_at = kv.v_cache.row_offset(slot, kv.page_size, h);
-                    // Rows are contiguous (make_kv_append_plan): element d is row[d].
-                    for (int64_t d = 0; d < plan.head_dim; ++d)
-                        store_cache_element(kv.k_cache, k_at + d, h, k_row[d], to_float(k_row[d]));
+                    if (!quantised_from_float)
+                        for (int64_t d = 0; d < plan.head_dim; ++d)
+                            store_cache_element(kv.k_cache, k_at + d, h, k_row[d], to_float(k_row[d]));
                     for (int64_t d = 0; d < v.head_dim; ++d)
                         store_cache_element(kv.v_cache, v_at + d, h, v_row[d], to_float(v_row[d]));
                 }
             }
+        }
+    }
+
+    // One k row of a call with an FP8 k cache and 2-byte storage: each pair rotated in float32
+    // (the shared rotate_pair, by the token's cos/sin), rounded into k_out and quantised from
+    // float32 into the cache row at @p at; pass-through features copied and quantised.
+    template <typename Storage>
+    static void rotate_and_quantise_row(const Plan& plan, const CacheTarget& cache, int64_t at, int64_t head,
+                                        const Storage* in, Storage* out, const float* cos, const float* sin) {
+        for (int64_t i = 0; i < plan.pairs; ++i) {
+            const PairIndex pair = pair_elements(plan.style, plan.rotary_dim, i);
+            float x = to_float(in[pair.first]), y = to_float(in[pair.second]);
+            rotate_pair(x, y, cos[i], sin[i]);
+            out[pair.first] = from_float<Storage>(x);
+            out[pair.second] = from_float<Storage>(y);
+            store_cache_element(cache, at + pair.first, head, out[pair.first], x);
+            store_cache_element(cache, at + pair.second, head, out[pair.second], y);
+        }
+        for (int64_t d = plan.rotary_dim; d < plan.head_dim; ++d) {
+            out[d] = in[d];
+            store_cache_element(cache, at + d, head, out[d], to_float(out[d]));
         }
     }
 

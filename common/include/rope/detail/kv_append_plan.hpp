@@ -10,6 +10,7 @@
 
 #include "rope/detail/plan.hpp"
 #include "rope/dtype.hpp"
+#include "rope/fp8.hpp"
 #include "rope/host_device.hpp"
 #include "rope/kv_append.hpp"
 #include "rope/tensor.hpp"
@@ -94,9 +95,8 @@ ROPE_HOST_DEVICE inline void store_cache_element(const CacheTarget& cache, int64
         static_cast<Storage*>(cache.data)[offset] = stored;
         return;
     }
-    // FP8 caches arrive with rope/fp8.hpp (make_kv_append_plan refuses them until then).
-    (void)head;
-    (void)value;
+    static_cast<uint8_t*>(cache.data)[offset] = quantize_fp8(
+        value, cache.scale_of(head), cache.dtype == CacheDType::e4m3fn ? Fp8Format::e4m3fn : Fp8Format::e5m2);
 }
 
 /// @brief Validates @p args against @p config for a backend on @p device and builds the plan.
