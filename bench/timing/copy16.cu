@@ -1,9 +1,10 @@
-// The copy ceiling's own kernel (see cuda_timing.hpp): a plain copy that moves
-// its bytes the way the fastest RoPE kernels do, 16 bytes per load and per
-// store, with several loads in flight per thread before the first store. A
-// RoPE kernel that matches it moves its bytes as fast as any copy can.
+// The timer's two kernels (see cuda_timing.hpp): the spin a timed batch waits behind, and the copy
+// ceiling's own kernel, a plain copy that moves its bytes the way the fastest RoPE kernels do, 16 bytes
+// per load and per store, with several loads in flight per thread before the first store. A RoPE kernel
+// that matches it moves its bytes as fast as any copy can.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda_timing.hpp"
@@ -39,7 +40,24 @@ __global__ void copy16(const int4* __restrict__ source, int4* __restrict__ desti
     if (thread < tail) tail_destination[thread] = tail_source[thread];
 }
 
+// One thread waits until the GPU's global timer has moved `nanoseconds` on.
+__global__ void spin(uint64_t nanoseconds) {
+    uint64_t start = 0, now = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < nanoseconds);
+}
+
 }  // namespace
+
+void cuda_spin_async(double microseconds, void* stream) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(1);
+    config.blockDim = dim3(1);
+    config.stream = static_cast<cudaStream_t>(stream);
+    rope::check_cuda(cudaLaunchKernelEx(&config, spin, uint64_t(std::max(microseconds, 0.0) * 1000.0)), "spin launch");
+}
 
 void cuda_copy16_async(void* destination, const void* source, std::size_t bytes, void* stream) {
     if (reinterpret_cast<std::uintptr_t>(source) % 16 != 0)

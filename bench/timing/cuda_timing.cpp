@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -14,9 +15,20 @@
 namespace rope_bench {
 namespace {
 
-// A repetition lasts at least this long, so that the one launch gap it
-// contains (about 3 us) costs under 0.3% of it.
+// A repetition lasts at least this long (and waits behind a spin, so no launch gap is in it).
 constexpr double kRepetitionUs = 1000.0;
+// Untimed repetitions before the timed ones, at least this long, where the GPU sat idle for more than
+// kIdleUs since the last measurement ended (e.g. while the sets were allocated and filled): its clocks are
+// up again before the first timed one. Back-to-back measurements (a ceiling after its call) need none.
+constexpr double kWarmUpUs = 20000.0;
+constexpr double kIdleUs = 100000.0;
+std::chrono::steady_clock::time_point g_last_measurement_end{};
+
+double microseconds_since(std::chrono::steady_clock::time_point then) {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - then).count();
+}
+// The spin before a repetition: twice the host's time to issue its first call (or the graph's launch), plus this.
+constexpr double kSpinMarginUs = 10.0;
 // At most this many calls per repetition (a call of 50 ns would need 20000).
 constexpr int64_t kMaxCallsPerRepetition = 20000;
 
@@ -41,9 +53,12 @@ struct EventPair {
     EventPair(const EventPair&) = delete;
     EventPair& operator=(const EventPair&) = delete;
 
+    double spin_us = 0;  // How long the GPU waits, before the start event, for the host to issue the work.
+
     // Milliseconds that the work `issue` enqueues on the stream takes. Waiting
     // for the stop event also reports any fault of that work.
     float time_ms(const std::function<void()>& issue) {
+        if (spin_us > 0) cuda_spin_async(spin_us, stream);
         check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
         issue();
         check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
@@ -102,21 +117,32 @@ double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets
     // loading stays out of a graph capture).
     for (int64_t call = 0; call < sets; ++call) launch(call);
     check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (warm-up)");
+    // The host's time to issue one call (the GPU idle): what the spin before a repetition must outlast.
+    const auto issuing = std::chrono::steady_clock::now();
+    launch(sets);
+    const double issue_us = microseconds_since(issuing);
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (warm-up)");
 
     // Calls per repetition: enough for kRepetitionUs, judged from 4 calls.
     EventPair events(stream);
-    int64_t next_call = sets;
+    int64_t next_call = sets + 1;
     const double one_call_us = 1000.0 * events.time_calls_ms(launch, next_call, 4) / 4.0;
     next_call += 4;
     const int64_t calls = std::clamp<int64_t>(int64_t(std::ceil(kRepetitionUs / std::max(one_call_us, 1e-3))), 1,
                                               kMaxCallsPerRepetition);
+    const bool was_idle = microseconds_since(g_last_measurement_end) > kIdleUs;
+    for (double warmed_us = 0; was_idle && warmed_us < kWarmUpUs; next_call += calls)
+        warmed_us += 1000.0 * events.time_calls_ms(launch, next_call, calls);
+    events.spin_us = 2 * issue_us + kSpinMarginUs;
 
     if (clock == GpuClock::events) {
-        return median_per_call_us(reps, calls, [&] {
+        const double us = median_per_call_us(reps, calls, [&] {
             const float ms = events.time_calls_ms(launch, next_call, calls);
             next_call += calls;
             return ms;
         });
+        g_last_measurement_end = std::chrono::steady_clock::now();
+        return us;
     }
     // A whole number of passes over the sets per graph.
     const int64_t per_graph = (calls + sets - 1) / sets * sets;
@@ -125,7 +151,13 @@ double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets
     auto replay = [&] { check_cuda(cudaGraphLaunch(graph.exec, s), "cudaGraphLaunch"); };
     replay();  // Untimed: uploads the graph, so the timed replays measure execution only.
     check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (graph upload)");
-    return median_per_call_us(reps, per_graph, [&] { return events.time_ms(replay); });
+    const auto launching = std::chrono::steady_clock::now();
+    replay();  // Untimed: the host's time to launch the graph, which the spin must outlast.
+    events.spin_us = 2 * microseconds_since(launching) + kSpinMarginUs;
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (graph replay)");
+    const double us = median_per_call_us(reps, per_graph, [&] { return events.time_ms(replay); });
+    g_last_measurement_end = std::chrono::steady_clock::now();
+    return us;
 }
 
 Ceiling cuda_copy_ceiling(const Sets& sets, int reps) {

@@ -9,8 +9,12 @@
 ///
 /// Two facts shape the method (both measured on an H200):
 /// - A repetition of one call between two events includes the launch (about 3 us): the GPU is idle when
-///   the first event is recorded. So events time a batch of calls lasting at least 1 ms, and only one
-///   launch gap per batch remains (under 0.3%).
+///   the first event is recorded. So events time a batch of calls lasting at least 1 ms, and each batch
+///   waits behind a short GPU spin (cuda_spin_async) that outlasts the host's issuing of its first call
+///   (or of the graph's launch): the clock starts with work already queued, as in a program whose GPU is
+///   kept busy, and as an independent harness times a batch queued behind a GPU sleep. Without it, one
+///   launch gap (the host's issuing of the first call plus the launch latency, 5 to 10 us) sat in every
+///   1 ms batch, the ceiling's as well as the call's.
 /// - A CUDA graph's memcpy node of 512 MiB or more runs at about 2.7 TB/s where cudaMemcpyAsync issued
 ///   directly runs at 4.2 TB/s, and a small copy runs faster replayed from a graph than issued directly.
 ///   No single way of copying is the fastest at every size, so the ceiling is the fastest of: memcpy and a
@@ -47,8 +51,11 @@ enum class GpuClock {
 /// @brief Median microseconds per call of @p launch.
 ///
 /// Warms up with one call on every set, then picks the calls per repetition so that a repetition lasts at
-/// least 1 ms, and times @p reps repetitions with @p clock. Graph replays hold a whole number of passes
-/// over the sets, so that a set's next visit, even in the next replay, comes after every other set.
+/// least 1 ms, warms up with 20 ms more of repetitions where no measurement ended in the last 100 ms (the
+/// GPU's clocks, after the idle time of allocating and filling the sets), and times @p reps repetitions
+/// with @p clock, each behind a spin. Graph replays hold
+/// a whole number of passes over the sets, so that a set's next visit, even in the next replay, comes after
+/// every other set.
 /// @param sets how many sets the calls rotate through (launch(c) uses set c % sets).
 /// @param stream where @p launch issues its work.
 double cuda_call_us(const Launch& launch, GpuClock clock, int reps, int64_t sets, void* stream);
@@ -61,6 +68,10 @@ Ceiling cuda_copy_ceiling(const Sets& sets, int reps);
 /// @brief One GPU run: @p launch timed with @p clock, then its copy ceiling on the same sets, each with
 /// @p reps repetitions.
 Measurement cuda_measure(const Launch& launch, GpuClock clock, int reps, const Sets& sets, void* stream);
+
+/// @brief Enqueues a one-thread kernel that waits @p microseconds on the GPU's global timer: work issued
+/// after it on @p stream starts only then, already queued.
+void cuda_spin_async(double microseconds, void* stream);
 
 /// @brief Enqueues the ceiling's copy kernel: @p bytes from @p source to @p destination with 16-byte loads
 /// and stores (both must be 16-byte aligned), as the fastest RoPE kernels move their data. Throws
