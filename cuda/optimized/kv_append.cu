@@ -342,19 +342,6 @@ bool append_vector_fits(const KvAppendPlan& plan) {
            cache_runs_aligned<Storage>(plan, plan.v_cache);
 }
 
-/// Every pointer the kernel dereferences, checked as run() checks its own (pointer_check.hpp).
-void check_append_pointers(const KvAppendPlan& plan) {
-    check_device_pointers(plan.rope);
-    int device = 0;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    check_device_pointer("v.data", plan.v, device);
-    if (plan.slot_count > 0) check_device_pointer("slot_mapping.slots", plan.slots, device);
-    check_device_pointer("k_cache.data", plan.k_cache.data, device);
-    check_device_pointer("v_cache.data", plan.v_cache.data, device);
-    if (plan.k_cache.scale != nullptr) check_device_pointer("k_cache.scale", plan.k_cache.scale, device);
-    if (plan.v_cache.scale != nullptr) check_device_pointer("v_cache.scale", plan.v_cache.scale, device);
-}
-
 /// Builds the arguments and grid, and launches the kernel for the plan's angle rule.
 template <typename Storage, Style kStyle, int Capacity>
 void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
@@ -425,7 +412,7 @@ void launch_kv_append_optimized(const KvAppendPlan& plan, const DeviceInfo& devi
         launch_kv_append_generic(plan);  // Checks its pointers itself.
         return;
     }
-    check_append_pointers(plan);
+    check_device_pointers(plan);
     dispatch_dtype(plan.rope.dtype, [&](auto storage) {
         using Storage = decltype(storage);
         if (plan.rope.style == Style::half_split)
