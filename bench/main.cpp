@@ -240,15 +240,20 @@ public:
         for (std::size_t p = 0; p < order.size(); ++p) order[p] = int64_t(p);
         for (std::size_t p = order.size(); p > 1; --p)  // Fisher-Yates: the page table in a random order.
             std::swap(order[p - 1], order[std::size_t(split_mix(state) % uint64_t(p))]);
-        std::vector<int64_t> slots(static_cast<std::size_t>(sets_ * tokens_), 0);
+        std::vector<int64_t> slots(static_cast<std::size_t>(sets_ * tokens_), 0), places(slots.size(), 0);
         for (int64_t s = 0; s < sets_; ++s)
             for (std::size_t b = 0; b < cached.size(); ++b)
                 for (int64_t t = bounds[b]; t < bounds[b + 1]; ++t) {
                     const int64_t position = cached[b] + s * (bounds[b + 1] - bounds[b]) + (t - bounds[b]);
+                    places[std::size_t(s * tokens_ + t)] = position;
                     slots[std::size_t(s * tokens_ + t)] =
                         order[std::size_t(first_page[b] + position / page_size)] * page_size + position % page_size;
                 }
         slots_ = on_device(slots, cuda);
+        // The plain form's angle is each token's place in its sequence, as an engine passes it: int64 ids [T]
+        // per set (other forms keep their positions).
+        const bool place_ids = form.ids.empty() && form.cos_sin.empty() && form.axes == 1 && form.cp_size == 1;
+        if (place_ids) places_ = on_device(places, cuda);
 #if ROPE_BENCH_FLASHINFER
         prepare_flashinfer(form, bounds, cached, first_page, order, pages);
 #endif
@@ -266,7 +271,8 @@ public:
         copy_destination_ = rope::Buffer(cuda, copy_.stride * std::size_t(sets_));
         copy_.inputs = copy_source_.data();
         copy_.copy_destination = copy_destination_.data();
-        detail_ = (form.detail.empty() ? "" : form.detail + "; ") + std::to_string(sequences) + " sequences, " +
+        detail_ = (form.detail.empty() ? "" : form.detail + "; ") + std::to_string(sequences) + " sequences" +
+                  (place_ids ? " (positions: each token's place in its sequence, int64 ids)" : "") + ", " +
                   std::to_string(pages) + " pages of " + std::to_string(page_size) + " slots in a random order, " +
                   "cache " + rope::cache_dtype_name(options.cache_dtype);
 
@@ -295,14 +301,17 @@ public:
             args.v = view(inputs_, q_bytes_ + kv_bytes_, form.k_heads);
             args.q_out = options.in_place ? args.q : view(outputs_, 0, form.q_heads);
             args.k_out = options.in_place ? args.k : view(outputs_, q_bytes_, form.k_heads);
-            args.positions = positions;
+            args.positions = place_ids ? rope::Positions::shared(static_cast<const int64_t*>(places_.data()) +
+                                                                      s * tokens_,
+                                                                  tokens_, cuda)
+                                       : positions;
             args.slot_mapping = {static_cast<const int64_t*>(slots_.data()) + s * tokens_, tokens_, cuda};
             args.k_cache = k_cache;
             args.v_cache = v_cache;
             args.cos_sin_cache = form.cos_sin_cache(static_cast<const float*>(table_.data()), cuda);
             args.stream = stream_.get();
             if (s == 0) first_args_ = args;
-            rope::RopeArgs rope_args{args.q, args.k, args.q_out, args.k_out, positions, rope::Direction::forward,
+            rope::RopeArgs rope_args{args.q, args.k, args.q_out, args.k_out, args.positions, rope::Direction::forward,
                                      args.stream, args.cos_sin_cache};
             ScatterCall scatter;
             scatter.k = args.k_out.data;
@@ -339,7 +348,7 @@ public:
     // model-dtype caches, its plain append of k and v (op append-cache-only), against the same ceiling.
     std::vector<Row> measure_flashinfer(Row row) {
         row.backend = "flashinfer";
-        row.form_detail = detail_ + "; positions = each token's place in its sequence";
+        row.form_detail = detail_ + "; FlashInfer's angle: each token's place in its sequence, int32";
         std::vector<Row> rows;
         for (const bool fused : {true, false}) {
             Row measured = row;
@@ -487,7 +496,7 @@ private:
     double moved_ = 0;  // Bytes the fused call moves.
     Sets copy_;         // The ceiling's copies: half of moved_, set by set.
     std::string detail_;
-    rope::Buffer inputs_, outputs_, slots_, k_cache_, v_cache_, scales_, copy_source_, copy_destination_;
+    rope::Buffer inputs_, outputs_, slots_, places_, k_cache_, v_cache_, scales_, copy_source_, copy_destination_;
     rope::Buffer cu_seqlens_, ids_, table_;
     rope::CudaStream stream_;
     rope::KvAppendArgs first_args_;
