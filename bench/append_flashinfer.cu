@@ -65,7 +65,8 @@ void flashinfer_rope_append_async(const FlashInferAppend& call, void* stream) {
 
 void flashinfer_append_async(const FlashInferAppend& call, void* stream) {
     if (call.cache_dtype != rope::CacheDType::model)
-        rope::fail("cache", rope::cache_dtype_name(call.cache_dtype), "FlashInfer's plain append copies k and v as they are");
+        rope::fail("cache", rope::cache_dtype_name(call.cache_dtype),
+                   "FlashInfer's plain append copies k and v as they are");
     with_types(call, [&](auto model, auto) {
         using Model = decltype(model);
         const size_t kv_token = size_t(call.kv_heads) * call.head_dim;

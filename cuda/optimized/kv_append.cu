@@ -128,7 +128,8 @@ __device__ inline float cache_scale(const CacheTarget& cache, int64_t head) {
 /// float32, in feature order, for k_out (rounded) and an FP8 cache (quantised).
 /// The pairs of slot p are those of VectorPath::rotate (vector_layout.hpp).
 template <typename Storage, Style kStyle>
-__device__ inline void rotate_runs(const Vector16<Storage> (&in)[2], const float (&cos_angle)[Vector16<Storage>::kWidth],
+__device__ inline void rotate_runs(const Vector16<Storage> (&in)[2],
+                                   const float (&cos_angle)[Vector16<Storage>::kWidth],
                                    const float (&sin_angle)[Vector16<Storage>::kWidth],
                                    float (&value)[2][Vector16<Storage>::kWidth]) {
     constexpr int kWidth = Vector16<Storage>::kWidth;
@@ -178,7 +179,8 @@ __device__ inline void store_fp8_run(const CacheTarget& cache, int64_t offset, f
 /// model-dtype cache, FP8 codes of @p value (float32) into an FP8 one.
 template <typename Storage>
 __device__ inline void store_cache_run(const CacheTarget& cache, int64_t offset, float scale,
-                                       const Vector16<Storage>& stored, const float (&value)[Vector16<Storage>::kWidth]) {
+                                       const Vector16<Storage>& stored,
+                                       const float (&value)[Vector16<Storage>::kWidth]) {
     if (cache.dtype == CacheDType::model)
         store16(static_cast<Storage*>(cache.data) + offset, stored);
     else
