@@ -91,6 +91,11 @@ inline void check_device_pointers(const Plan& plan) {
     check_array(plan.positions.ids, "positions.ids");
     check_array(plan.positions.cu_seqlens, "positions.cu_seqlens");
     check_array(plan.positions.starts, "positions.starts");
+    if (plan.positions.relative) {  // A re-rotation's second form (rope/rerotate.hpp).
+        check_array(plan.positions.from.ids, "from.ids");
+        check_array(plan.positions.from.cu_seqlens, "from.cu_seqlens");
+        check_array(plan.positions.from.starts, "from.starts");
+    }
     check_array(plan.angles.table.data, "cos_sin_cache.data");
 }
 

@@ -501,13 +501,20 @@ void fuzz_append(random_call::Source& in) {
     bool fits = true;
     for (const auto& [cache, offset] : {std::pair{&a.args.k_cache, a.k_offset}, std::pair{&a.args.v_cache, a.v_offset}}) {
         const int64_t element = cache->dtype == rope::CacheDType::model ? rope::dtype_size(a.dtype) : 1;
+        // Sizes and strides past 2^20 cannot fit the region with distinct rows: validated only.
+        const std::array<int64_t, 7> numbers{cache->pages, cache->page_size, cache->heads, cache->head_dim,
+                                             cache->stride_page, cache->stride_slot, cache->stride_head};
+        bool small = true;
+        for (int64_t number : numbers) small = small && number >= 0 && number <= (int64_t(1) << 20);
+        if (!small) {
+            fits = false;
+            continue;
+        }
         Wide last = 0;
         for (const auto& [count, stride] : {std::pair{cache->pages, cache->stride_page}, std::pair{cache->page_size, cache->stride_slot},
                                             std::pair{cache->heads, cache->stride_head}})
-            last += Wide(std::max<int64_t>(count - 1, 0)) * stride;
-        const Wide bytes = (last + cache->head_dim) * element;
-        fits = fits && cache->pages >= 0 && cache->page_size >= 0 && cache->stride_page >= 0 && cache->stride_slot >= 0 &&
-               cache->stride_head >= 0 && offset + bytes <= kMaxCacheBytes;
+            last += std::max<Wide>(Wide(count) - 1, 0) * stride;
+        fits = fits && offset + (last + cache->head_dim) * element <= kMaxCacheBytes;
     }
     if (!fits) {
         try {

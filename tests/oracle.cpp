@@ -224,6 +224,38 @@ std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorVie
     return rotate_with(unscaled, x, positions, direction, table.data != nullptr ? &table : nullptr);
 }
 
+std::vector<double> rerotate(const rope::RopeConfig& config, const rope::TensorView& x, const rope::Positions& from,
+                             const rope::Positions& to) {
+    if (config.scaling.type != rope::ScalingType::none && config.scaling.type != rope::ScalingType::linear)
+        throw std::invalid_argument("oracle::rerotate supports scaling none and linear only");
+    const Sizes n = sizes_of(x);
+    const long rotary = config.rotary_dim == 0 ? config.head_dim : config.rotary_dim;
+    const long pairs = rotary / 2;
+    const long axes = config.multi_axis.assignment == rope::AxisAssignment::single ? 1 : long(config.multi_axis.sections.size());
+    const PairRule rule = pair_rule(config, rotary);
+    const std::vector<long> start = position_table(from, n.batch, n.seq, axes);
+    const std::vector<long> end = position_table(to, n.batch, n.seq, axes);
+    std::vector<double> out = values(x);
+    for (long b = 0; b < n.batch; ++b)
+        for (long s = 0; s < n.seq; ++s)
+            for (long h = 0; h < n.heads; ++h) {
+                double* row = out.data() + ((b * n.heads + h) * n.seq + s) * n.dim;
+                for (long j = 0; j < pairs; ++j) {
+                    const size_t at = size_t((b * n.seq + s) * axes + rule.axis[size_t(j)]);
+                    const long double theta = rule.theta[size_t(j)];
+                    const long double angle = (long double)(end[at]) * theta - (long double)(start[at]) * theta;
+                    const bool interleaved = config.style == rope::Style::interleaved;
+                    const long first = interleaved ? 2 * j : j;
+                    const long second = interleaved ? 2 * j + 1 : j + pairs;
+                    const std::complex<long double> turned =
+                        std::complex<long double>(row[first], row[second]) * std::polar<long double>(1.0L, angle);
+                    row[first] = double(turned.real());
+                    row[second] = double(turned.imag());
+                }
+            }
+    return out;
+}
+
 Appended append_kv(const rope::RopeConfig& config, const rope::TensorView& q, const rope::TensorView& k,
                    const rope::TensorView& v, const rope::Positions& positions, const std::vector<long>& slots,
                    const rope::PagedCache& k_cache, const rope::PagedCache& v_cache,

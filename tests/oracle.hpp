@@ -53,6 +53,12 @@ std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorVie
                            const rope::Positions& positions, rope::Direction direction,
                            const rope::CosSinCache& table);
 
+// Re-rotation from scratch: each pair of x turned by angle(to) - angle(from), both
+// angles position * theta_j formed in long double and subtracted before any
+// rounding, never scaled (rotated keys carry the attention factor already).
+// Scaling none or linear; positions on the host.
+std::vector<double> rerotate(const rope::RopeConfig& config, const rope::TensorView& x, const rope::Positions& from,
+                             const rope::Positions& to);
 // RoPE + KV append (rope::append_kv), from its definition: q and k rotated as
 // rotate() does; token t (t < slot_count, slots[t] >= 0) writes its rotated k row
 // and its v row at page slots[t] / page_size, slot slots[t] % page_size of each

@@ -53,8 +53,8 @@ int64_t element_size(CacheDType dtype, DType model) { return dtype == CacheDType
 // shift is the x of "the same row" when two rows of one cache are compared.
 struct Term {
     Wide coefficient = 0;
-    int64_t count = 1;
-    int64_t shift = 0;
+    Wide count = 1;  // Wide: the difference of two indices of a 2^62-page cache spans 2^63.
+    Wide shift = 0;
 };
 
 Wide magnitude(Wide x) { return x < 0 ? -x : x; }
@@ -80,7 +80,7 @@ struct WindowSearch {
         rest_low.assign(n + 1, 0);
         rest_high.assign(n + 1, 0);
         for (size_t i = n; i-- > 0;) {
-            const Wide reach = terms[i].coefficient * Wide(terms[i].count - 1);
+            const Wide reach = terms[i].coefficient * (terms[i].count - 1);
             rest_low[i] = rest_low[i + 1] + std::min<Wide>(reach, 0);
             rest_high[i] = rest_high[i + 1] + std::max<Wide>(reach, 0);
         }
@@ -102,9 +102,9 @@ struct WindowSearch {
         const Wide a = low - value - rest_high[i + 1], b = high - value - rest_low[i + 1], c = term.coefficient;
         const Wide x_low = c > 0 ? floor_div(a, c) + 1 : floor_div(-b, -c) + 1;
         const Wide x_high = c > 0 ? -floor_div(-b, c) - 1 : -floor_div(a, -c) - 1;
-        const int64_t first = int64_t(std::max<Wide>(x_low, 0));
-        const int64_t last = int64_t(std::min<Wide>(x_high, term.count - 1));
-        for (int64_t x = first; x <= last; ++x) {
+        const Wide first = std::max<Wide>(x_low, 0);
+        const Wide last = std::min<Wide>(x_high, term.count - 1);
+        for (Wide x = first; x <= last; ++x) {
             const int found = search(i + 1, value + c * x, moved || x != term.shift);
             if (found != 0) return found;
         }
@@ -164,19 +164,22 @@ void check_cache(std::string_view name, const PagedCache& cache, const Geometry&
     for (const Term& term : row_terms(cache, element)) {
         // The difference of two rows' indices, x - shift for x in [0, 2 count - 1).
         self.terms.push_back({term.coefficient, 2 * term.count - 1, term.count - 1});
-        origin -= term.coefficient * Wide(term.count - 1);
+        origin -= term.coefficient * (term.count - 1);
     }
     const Wide row_bytes = Wide(cache.head_dim) * element;
     self.low = -row_bytes;
     self.high = row_bytes;
     self.exclude_same = true;
-    if (cache.head_dim > 0 && self.run(origin) != 0)
+    const int collide = cache.head_dim > 0 ? self.run(origin) : 0;
+    if (collide != 0)
         fail(field("strides"),
              "[" + std::to_string(cache.stride_page) + ", " + std::to_string(cache.stride_slot) + ", " +
                  std::to_string(cache.stride_head) + "]",
-             "make two (page, slot, head) rows of " + std::string(name) + " share memory (pages " +
-                 std::to_string(cache.pages) + ", page_size " + std::to_string(cache.page_size) + ", heads " +
-                 std::to_string(cache.heads) + ", head_dim " + std::to_string(cache.head_dim) + ")");
+             std::string(collide > 0 ? "make two (page, slot, head) rows of " + std::string(name) + " share memory"
+                                     : "cannot be shown to keep the rows of " + std::string(name) +
+                                           " apart (they do not nest)") +
+                 " (pages " + std::to_string(cache.pages) + ", page_size " + std::to_string(cache.page_size) +
+                 ", heads " + std::to_string(cache.heads) + ", head_dim " + std::to_string(cache.head_dim) + ")");
     // Scales: FP8 only, one or one per head, finite and > 0 where rope can read them.
     if (cache.dtype == CacheDType::model) {
         if (cache.scale != nullptr || cache.scale_count != 0)
@@ -220,7 +223,7 @@ int caches_collide(const PagedCache& k_cache, const PagedCache& v_cache, DType m
         if (k_terms[axis].coefficient == v_terms[axis].coefficient) {
             // x_v - x_k in [-(k count - 1), v count - 1]: x in [0, k + v - 1) shifted by k count - 1.
             search.terms.push_back({v_terms[axis].coefficient, k_terms[axis].count + v_terms[axis].count - 1, 0});
-            origin -= v_terms[axis].coefficient * Wide(k_terms[axis].count - 1);
+            origin -= v_terms[axis].coefficient * (k_terms[axis].count - 1);
         } else {
             search.terms.push_back(v_terms[axis]);
             search.terms.push_back({-k_terms[axis].coefficient, k_terms[axis].count, 0});

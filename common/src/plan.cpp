@@ -186,11 +186,7 @@ void check_device(std::string_view name, Device got, Device device) {
 }
 
 // What check_positions learns about the call's positions.
-struct PositionFacts {
-    PositionSource source;
-    int64_t max_position = 0;  // For length-dependent scaling: HF's max(position_ids) + 1.
-    int64_t largest = -1;      // Largest position when rope can see every one (host arrays, offsets), else -1.
-};
+using PositionFacts = detail::PositionFacts;
 
 // End of @p count consecutive positions from @p first on each of @p shards
 // context-parallel ranks: first + count * shards, the call's max_position.
@@ -204,16 +200,16 @@ int64_t positions_end(std::string_view name, int64_t first, int64_t count, int64
 }
 
 // Explicit ids: [axes, rows, length], int64.
-void check_ids(const Positions& positions, int64_t batch, int64_t seq, int64_t config_axes, PositionFacts& facts) {
+void check_ids(std::string_view name, const Positions& positions, int64_t batch, int64_t seq, int64_t config_axes, PositionFacts& facts) {
     if (positions.axes != config_axes)
-        fail("positions.axes", positions.axes,
+        fail(std::string(name) + ".axes", positions.axes,
              "must equal the config's position axes = " + std::to_string(config_axes) +
                  (config_axes == 1 ? " (multi_axis.assignment single)" : " (multi_axis.sections.size())"));
     if (positions.rows != 1 && positions.rows != batch)
-        fail("positions.rows", positions.rows, "must be 1 or batch = " + std::to_string(batch));
-    if (positions.length != seq) fail("positions.length", positions.length, "must equal seq = " + std::to_string(seq));
+        fail(std::string(name) + ".rows", positions.rows, "must be 1 or batch = " + std::to_string(batch));
+    if (positions.length != seq) fail(std::string(name) + ".length", positions.length, "must equal seq = " + std::to_string(seq));
     if (positions.cp_size != 1)
-        fail("positions.cp_size", positions.cp_size,
+        fail(std::string(name) + ".cp_size", positions.cp_size,
              "must be 1 with explicit ids (ids are global positions already: pass this shard's ids)");
     facts.source.ids = positions.ids;
     facts.source.axis_stride = positions.rows * positions.length;
@@ -221,27 +217,27 @@ void check_ids(const Positions& positions, int64_t batch, int64_t seq, int64_t c
     if (positions.device != Device::host) return;
     // Device-resident ids cannot be inspected without a copy; host ids are checked.
     for (int64_t i = 0; i < positions.axes * positions.rows * positions.length; ++i) {
-        if (positions.ids[i] < 0) fail("positions.ids[" + std::to_string(i) + "]", positions.ids[i], "must be >= 0");
+        if (positions.ids[i] < 0) fail(std::string(name) + ".ids[" + std::to_string(i) + "]", positions.ids[i], "must be >= 0");
         facts.largest = std::max(facts.largest, positions.ids[i]);
     }
     // As HF's dynamic and longrope updates: max(position_ids) + 1, whatever seq is
     // (M-RoPE ids of an image advance more slowly than its tokens).
-    facts.max_position = facts.largest < 0 ? 0 : positions_end("positions.ids", facts.largest, 1, 1);
+    facts.max_position = facts.largest < 0 ? 0 : positions_end(std::string(name) + ".ids", facts.largest, 1, 1);
 }
 
 // Packed sequences: cu_seqlens [sequences + 1] over the seq axis of a batch-1 tensor.
-void check_packed(const Positions& positions, int64_t batch, int64_t seq, PositionFacts& facts) {
+void check_packed(std::string_view name, const Positions& positions, int64_t batch, int64_t seq, PositionFacts& facts) {
     if (batch != 1)
         fail("batch", batch, "must be 1 with cu_seqlens (a thd tensor, or a bshd/bhsd view of one packed row)");
-    if (positions.sequences < 1) fail("positions.sequences", positions.sequences, "must be >= 1 with cu_seqlens");
+    if (positions.sequences < 1) fail(std::string(name) + ".sequences", positions.sequences, "must be >= 1 with cu_seqlens");
     facts.source.cu_seqlens = positions.cu_seqlens;
     facts.source.starts = positions.starts;
     facts.source.sequences = positions.sequences;
     if (positions.device != Device::host) return;
     const int64_t* cu = positions.cu_seqlens;
-    if (cu[0] != 0) fail("positions.cu_seqlens[0]", cu[0], "must be 0");
+    if (cu[0] != 0) fail(std::string(name) + ".cu_seqlens[0]", cu[0], "must be 0");
     for (int64_t b = 0; b < positions.sequences; ++b) {
-        const auto entry = [b] { return "positions.cu_seqlens[" + std::to_string(b + 1) + "]"; };
+        const auto entry = [b, name] { return std::string(name) + ".cu_seqlens[" + std::to_string(b + 1) + "]"; };
         // Compared before subtracting: with the entries so far in [0, seq], the difference cannot overflow.
         if (cu[b + 1] < cu[b])
             fail(entry(), cu[b + 1], "must be >= cu_seqlens[" + std::to_string(b) + "] = " + std::to_string(cu[b]) +
@@ -253,64 +249,66 @@ void check_packed(const Positions& positions, int64_t batch, int64_t seq, Positi
                  "must be even with cp_size > 1 (this rank holds two equal chunks of it)");
         const int64_t start = positions.starts != nullptr ? positions.starts[b] : positions.offset;
         if (positions.starts != nullptr && start < 0)
-            fail("positions.starts[" + std::to_string(b) + "]", start, "must be >= 0");
+            fail(std::string(name) + ".starts[" + std::to_string(b) + "]", start, "must be >= 0");
         if (length == 0) continue;
         // The unsharded sequence is cp_size times as long: its last position is what HF's max sees.
-        const int64_t end = positions_end(positions.starts != nullptr ? "positions.starts[" + std::to_string(b) + "]"
-                                                                      : std::string("positions.offset"),
+        const int64_t end = positions_end(positions.starts != nullptr ? std::string(name) + ".starts[" + std::to_string(b) + "]"
+                                                                      : std::string(name) + ".offset",
                                           start, length, positions.cp_size);
         facts.max_position = std::max(facts.max_position, end);
         facts.largest = std::max(facts.largest, end - 1);
     }
     if (cu[positions.sequences] != seq)
-        fail("positions.cu_seqlens[" + std::to_string(positions.sequences) + "]", cu[positions.sequences],
+        fail(std::string(name) + ".cu_seqlens[" + std::to_string(positions.sequences) + "]", cu[positions.sequences],
              "must equal total tokens = " + std::to_string(seq));
 }
 
-PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t seq, Device device,
-                              const RopeConfig& config, bool table) {
+}  // namespace
+
+detail::PositionFacts detail::check_positions(std::string_view name, const Positions& positions, int64_t batch,
+                                              int64_t seq, Device device, const RopeConfig& config, bool table) {
     PositionFacts facts;
     facts.source.seq = seq;
     const int64_t config_axes = config.multi_axis.axes();
-    if (positions.cp_size < 1) fail("positions.cp_size", positions.cp_size, "must be >= 1");
+    if (positions.cp_size < 1) fail(std::string(name) + ".cp_size", positions.cp_size, "must be >= 1");
     if (positions.cp_rank < 0 || positions.cp_rank >= positions.cp_size)
-        fail("positions.cp_rank", positions.cp_rank,
+        fail(std::string(name) + ".cp_rank", positions.cp_rank,
              "must be in [0, cp_size) = [0, " + std::to_string(positions.cp_size) + ")");
     facts.source.cp_size = positions.cp_size;
     facts.source.cp_rank = positions.cp_rank;
-    if (positions.offset < 0) fail("positions.offset", positions.offset, "must be >= 0");
+    if (positions.offset < 0) fail(std::string(name) + ".offset", positions.offset, "must be >= 0");
     facts.source.offset = positions.offset;
     if (positions.ids == nullptr && positions.axes != 1)
-        fail("positions.axes", positions.axes, "must be 1 without ids (only explicit ids have several rows)");
+        fail(std::string(name) + ".axes", positions.axes, "must be 1 without ids (only explicit ids have several rows)");
     if (positions.ids == nullptr && config.multi_axis.assignment == AxisAssignment::axial)
-        fail("positions.ids", "null",
+        fail(std::string(name) + ".ids", "null",
              "axial RoPE needs explicit coordinates (ids with " + std::to_string(config_axes) + " axis rows)");
     if (positions.cu_seqlens == nullptr && positions.sequences != 0)
-        fail("positions.sequences", positions.sequences, "must be 0 without cu_seqlens");
+        fail(std::string(name) + ".sequences", positions.sequences, "must be 0 without cu_seqlens");
     if (positions.cu_seqlens == nullptr && positions.starts != nullptr)
-        fail("positions.starts", "set", "is only read with cu_seqlens (packed sequences)");
+        fail(std::string(name) + ".starts", "set", "is only read with cu_seqlens (packed sequences)");
     if (positions.cu_seqlens != nullptr && positions.ids != nullptr)
-        fail("positions.ids", "set", "must be null with cu_seqlens (packed ids are one row of ids: use ids alone)");
+        fail(std::string(name) + ".ids", "set", "must be null with cu_seqlens (packed ids are one row of ids: use ids alone)");
 
     const bool arrays = positions.ids != nullptr || positions.cu_seqlens != nullptr;
-    if (arrays) check_device("positions.device", positions.device, device);
+    if (arrays) check_device(std::string(name) + ".device", positions.device, device);
     if (positions.cu_seqlens != nullptr) {  // First: check_packed refuses ids given with cu_seqlens.
-        check_packed(positions, batch, seq, facts);
+        check_packed(name, positions, batch, seq, facts);
     } else if (positions.ids != nullptr) {
-        check_ids(positions, batch, seq, config_axes, facts);
+        check_ids(name, positions, batch, seq, config_axes, facts);
     } else {
         if (positions.cp_size > 1 && seq % 2 != 0)
             fail("seq", seq, "must be even with cp_size > 1 (this rank holds two equal chunks of each sequence)");
         // The unsharded sequence is cp_size times as long.
-        facts.max_position = positions_end("positions.offset", positions.offset, seq, positions.cp_size);
+        facts.max_position = positions_end(std::string(name) + ".offset", positions.offset, seq, positions.cp_size);
         facts.largest = seq > 0 ? facts.max_position - 1 : -1;
     }
     if (arrays && positions.device != Device::host) {
         if (positions.max_position < 0)
-            fail("positions.max_position", positions.max_position, "must be >= 0 (0 means unknown)");
+            fail(std::string(name) + ".max_position", positions.max_position, "must be >= 0 (0 means unknown)");
         // A caller's table replaces the frequencies, so their length is not needed then.
         if (length_dependent(config.scaling.type) && !table && positions.max_position == 0)
-            fail("positions.max_position", positions.max_position,
+            fail(std::string(name) + ".max_position", positions.max_position,
                  std::string("must be given (largest position + 1) for device-resident positions with scaling type ") +
                      std::string(scaling_type_name(config.scaling.type)) + ", whose frequencies depend on the length");
         // The caller's bound, as rope would have computed it from host arrays.
@@ -319,8 +317,11 @@ PositionFacts check_positions(const Positions& positions, int64_t batch, int64_t
     return facts;
 }
 
+namespace {
+
 // A caller's cos/sin table: float32 [rows, rotary_dim] on the backend's device.
-CosSinTable check_table(const CosSinCache& cache, int64_t rotary_dim, Device device, int64_t largest) {
+CosSinTable check_table(const CosSinCache& cache, int64_t rotary_dim, Device device, int64_t largest,
+                        std::string_view positions_name) {
     if (cache.data == nullptr) return {};
     if (cache.dtype != DType::f32)
         fail("cos_sin_cache.dtype", dtype_name(cache.dtype), "must be fp32 (fp16/bf16 tables lose accuracy)");
@@ -338,7 +339,7 @@ CosSinTable check_table(const CosSinCache& cache, int64_t rotary_dim, Device dev
     // (make_cos_sin_cache), and make_plan applies neither the config's frequencies nor its
     // attention factor on top of a table, so nothing can be applied twice.
     if (largest >= cache.rows)
-        fail("positions", "largest " + std::to_string(largest),
+        fail(positions_name, "largest " + std::to_string(largest),
              "must be < cos_sin_cache.rows = " + std::to_string(cache.rows) + " (the table has no row for it)");
     return CosSinTable{static_cast<const float*>(cache.data), cache.rows, row_stride, rotary_dim / 2};
 }
@@ -349,7 +350,8 @@ CosSinTable check_table(const CosSinCache& cache, int64_t rotary_dim, Device dev
 // float32(position) * theta_i past its range at this call's largest position
 // (known for host positions): either would rotate by NaN. A caller's table
 // replaces the angles, so then nothing is checked.
-void check_angles(const FrequencyTable& frequencies, const RopeConfig& config, int64_t largest, bool table) {
+void check_angles(const FrequencyTable& frequencies, const RopeConfig& config, int64_t largest, bool table,
+                  std::string_view positions_name = "positions") {
     if (table) return;
     // The base as fail() prints numbers (1e-45, not std::to_string's 0.000000); built only for a failure.
     const auto source = [&] {
@@ -365,13 +367,18 @@ void check_angles(const FrequencyTable& frequencies, const RopeConfig& config, i
     if (!std::isfinite(frequencies.attention_factor))
         fail("attention factor", frequencies.attention_factor, "is not finite in float32 " + source());
     if (!config.precise_angles && largest > 0 && !std::isfinite(static_cast<float>(largest) * largest_theta))
-        fail("positions", "largest " + std::to_string(largest),
+        fail(positions_name, "largest " + std::to_string(largest),
              "times the largest theta " + source() + " overflows float32");
 }
 
 }  // namespace
 
 Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device, const FrequencyTable* frequencies) {
+    return detail::make_plan(config, args, device, frequencies, "positions");
+}
+
+Plan detail::make_plan(const RopeConfig& config, const RopeArgs& args, Device device, const FrequencyTable* frequencies,
+                       std::string_view positions_name) {
     validate(config);
     const DType dtype = args.q.dtype;
     check_view("q", args.q, dtype, device);
@@ -393,9 +400,9 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device, co
     check_aliasing(args);
 
     const int64_t rotary_dim = config.effective_rotary_dim();
-    const PositionFacts facts =
-        check_positions(args.positions, q.batch, q.seq, device, config, args.cos_sin_cache.data != nullptr);
-    const CosSinTable table = check_table(args.cos_sin_cache, rotary_dim, device, facts.largest);
+    const PositionFacts facts = detail::check_positions(positions_name, args.positions, q.batch, q.seq, device, config,
+                                                        args.cos_sin_cache.data != nullptr);
+    const CosSinTable table = check_table(args.cos_sin_cache, rotary_dim, device, facts.largest, positions_name);
 
     Plan plan;
     plan.style = config.style;
@@ -409,7 +416,7 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device, co
     plan.axes = config.multi_axis.axes();
     plan.q = Operand{args.q.data, args.q_out.data, q, args.q_out.geometry()};
     plan.k = Operand{args.k.data, args.k_out.data, k, args.k_out.geometry()};
-    plan.positions = facts.source;
+    static_cast<PositionForm&>(plan.positions) = facts.source;  // Not relative: make_plan plans no re-rotation.
     plan.stream = args.stream;
     // An empty call is a valid no-op that no backend runs: it gets no angles
     // (for a huge head_dim the frequency table alone would take gigabytes).
@@ -423,7 +430,7 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device, co
         built = detail::build_frequency_table(config, facts.max_position);
         frequencies = &built;
     }
-    check_angles(*frequencies, config, facts.largest, table.data != nullptr);
+    check_angles(*frequencies, config, facts.largest, table.data != nullptr, positions_name);
     plan.angles.inv_freq = frequencies->inv_freq;
     plan.angles.inv_freq_low = frequencies->inv_freq_low;
     plan.angles.pair_axis = frequencies->pair_axis;

@@ -357,8 +357,10 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     args.positions = rope.positions;
     args.angles = make_angle_args<Capacity>(rope);
     args.axes = rope.axes;
-    args.positions_in_memory =
-        rope.positions.ids != nullptr || rope.positions.cu_seqlens != nullptr || rope.angles.table.data != nullptr;
+    args.positions_in_memory = rope.positions.ids != nullptr || rope.positions.cu_seqlens != nullptr ||
+                               rope.angles.table.data != nullptr ||
+                               (rope.positions.relative &&  // As the RoPE kernel's (unit_kernel.cuh, plan_units).
+                                (rope.positions.from.ids != nullptr || rope.positions.from.cu_seqlens != nullptr));
     args.rotary_dim = rope.rotary_dim;
     args.q_heads = rope.q.in_geometry.heads;
     args.k_heads = rope.k.in_geometry.heads;

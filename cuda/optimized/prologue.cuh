@@ -71,12 +71,12 @@ __device__ inline void load_with_factors(const KernelArgs& args, int64_t b, int6
                                                 Path::pair_of(chunk, p, args.rotary_dim), cos_angle[p], sin_angle[p]);
     };
     if (!args.positions_in_memory) {
-        compute_factors(token_positions(args.positions, args.axes, b, s));
+        compute_factors(token_positions<!kDefaultAngleOnly>(args.positions, args.axes, b, s));
         previous.wait();
         load();
     } else {
         previous.wait();
-        const TokenPositions positions = token_positions(args.positions, args.axes, b, s);
+        const TokenPositions positions = token_positions<!kDefaultAngleOnly>(args.positions, args.axes, b, s);
         load();
         compute_factors(positions);
     }

@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(kMaxBlockThreads, 1)
 /// @brief True when q's rows of one token lie closer together in memory than one row's
 /// neighbouring tokens (bshd, thd): units are then laid over heads (UnitArgs::heads_adjacent).
 inline bool heads_adjacent_in_memory(const Plan& plan) {
-    const Geometry& q = plan.q.in_geometry;
+    // A call with keys only (a re-rotation, rope/rerotate.hpp) is laid out by k's memory.
+    const Geometry& q = plan.q.in_geometry.heads > 0 ? plan.q.in_geometry : plan.k.in_geometry;
     return q.heads > 1 && q.seq > 1 && q.stride_head < q.stride_seq;
 }
 
@@ -310,7 +311,9 @@ bool plan_units(const Plan& plan, const LaunchShape& shape, UnitLaunch<Capacity>
     args.angles = make_angle_args<Capacity>(plan);
     args.axes = plan.axes;
     args.positions_in_memory = plan.positions.ids != nullptr || plan.positions.cu_seqlens != nullptr ||
-                               plan.angles.table.data != nullptr;
+                               plan.angles.table.data != nullptr ||
+                               (plan.positions.relative &&  // A re-rotation's from positions (rerotate.hpp).
+                                (plan.positions.from.ids != nullptr || plan.positions.from.cu_seqlens != nullptr));
     args.seq = plan.seq;
     args.tokens = plan.batch * plan.seq;
     args.rotary_dim = plan.rotary_dim;

@@ -21,11 +21,16 @@ value; when one is raised, nothing has been written.
 from . import _rope
 from ._apply import apply, list_backends
 from ._config import Config
+from ._slot_mapping import (slot_mapping_from_block_table, slot_mapping_from_flashinfer_indptr,
+                            slot_mapping_from_flashinfer_positions)
+from ._rerotate import rerotate
 
 Error = _rope.Error
 BackendInfo = _rope.BackendInfo
 
-__all__ = ["Config", "Error", "BackendInfo", "apply", "list_backends", "ops", "hf"]
+__all__ = ["Config", "Error", "BackendInfo", "apply", "rerotate", "list_backends",
+           "slot_mapping_from_flashinfer_indptr", "slot_mapping_from_flashinfer_positions",
+           "slot_mapping_from_block_table", "ops", "hf"]
 __version__ = "0.1.0"
 
 

@@ -134,15 +134,15 @@ def _refuse_autograd(tensor: Any, name: str) -> None:
 
 
 # --- Positions ------------------------------------------------------------------------
-def _positions(positions: Any) -> Tuple[int, Any]:
+def _positions(positions: Any, name: str = "positions") -> Tuple[int, Any]:
     """(offset, ids): an int is an offset; anything else is integer ids (see _index)."""
     if positions is None:
         return 0, None
     if isinstance(positions, (int, np.integer)) and not isinstance(positions, (bool, np.bool_)):
-        return _integer("positions", positions), None
+        return _integer(name, positions), None
     if isinstance(positions, (bool, float, np.bool_, np.floating)):
-        raise _fail("positions", type(positions).__name__, _NOT_INTEGERS)
-    return 0, _index("positions", positions)
+        raise _fail(name, type(positions).__name__, _NOT_INTEGERS)
+    return 0, _index(name, positions)
 
 
 _NOT_INTEGERS = "must be integers (any integer dtype): never rounded"

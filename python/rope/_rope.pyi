@@ -245,3 +245,23 @@ def apply(backend: str, config: RopeConfig, q: object | None, k: object | None, 
     """
     One rope::apply call on DLPack arrays (all positional; rope.apply is the documented entry point).
     """
+
+def slot_mapping_from_flashinfer_indptr(append_indptr: object, kv_indptr: object, kv_indices: object, kv_last_page_len: object, out: object, page_size: int, pages: int, stream: int) -> None:
+    """
+    rope::slot_mapping_from_flashinfer_indptr on int64 DLPack arrays (rope.slot_mapping_from_flashinfer_indptr is the documented entry point).
+    """
+
+def slot_mapping_from_flashinfer_positions(batch_indices: object, positions: object, kv_indptr: object, kv_indices: object, out: object, page_size: int, pages: int, stream: int) -> None:
+    """
+    rope::slot_mapping_from_flashinfer_positions on int64 DLPack arrays (rope.slot_mapping_from_flashinfer_positions is the documented entry point).
+    """
+
+def slot_mapping_from_block_table(block_table: object, cache_seqlens: object, cu_seqlens_q: object, out: object, page_size: int, pages: int, stream: int) -> None:
+    """
+    rope::slot_mapping_from_block_table on int64 DLPack arrays (rope.slot_mapping_from_block_table is the documented entry point).
+    """
+
+def rerotate(backend: str, config: RopeConfig, k: object | None, k_out: object | None, layout: str, from_offset: int, from_ids: object | None, from_max_position: int, to_offset: int, to_ids: object | None, to_max_position: int, stream: int, bfloat16_bits: int) -> None:
+    """
+    One rope::rerotate call on DLPack arrays (all positional; rope.rerotate is the documented entry point).
+    """

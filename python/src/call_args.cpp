@@ -62,7 +62,7 @@ rope::Positions positions_of(const rope::RopeConfig& config, const CallArrays& a
                              CallDevice& call_device) {
     rope::Positions positions = rope::Positions::starting_at(options.offset);
     if (arrays.ids) {
-        const IndexArray index = index_array("positions", *arrays.ids, 3);
+        const IndexArray index = index_array(options.positions_name, *arrays.ids, 3);
         const int64_t axes = config.multi_axis.axes();
         // [seq] | [batch, seq] for one axis; [axes, seq] | [axes, batch, seq] for several.
         int64_t id_axes = 1, rows = 1, length = index.shape[size_t(index.ndim - 1)];
@@ -73,7 +73,7 @@ rope::Positions positions_of(const rope::RopeConfig& config, const CallArrays& a
             rows = index.shape[1];
         }
         positions = rope::Positions::multi_axis(index.data, id_axes, rows, length, index.placement.device);
-        call_device.add("positions", index.placement);
+        call_device.add(options.positions_name, index.placement);
     }
     if (arrays.cu_seqlens) {
         const IndexArray cu = index_array("cu_seqlens", *arrays.cu_seqlens, 1);
@@ -216,7 +216,8 @@ Call prepare_call(const rope::RopeConfig& config, const CallArrays& arrays, cons
         out_view = tensor_view(out_name, *output, layout, bits(output_bit));
         call_device.add(out_name, *output);
     };
-    operand("q", *arrays.q, 0, "out[0]", arrays.q_out, 2, args.q, args.q_out);
+    const std::string q_name(options.q_name), q_out_name(options.q_out_name);
+    operand(q_name.c_str(), *arrays.q, 0, q_out_name.c_str(), arrays.q_out, 2, args.q, args.q_out);
     if (!arrays.k) {
         // Rotate q only: a k with no heads (rope's convention), same device.
         if (arrays.k_out) rope::fail("out[1]", "set", "must be None when k is None");

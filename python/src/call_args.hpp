@@ -116,6 +116,9 @@ struct CallOptions {
     int64_t max_position = 0;
     bool inverse = false;
     int bfloat16_bits = 0;  ///< Bit 0 q, 1 k, 2 q_out, 3 k_out hold bfloat16 as uint16.
+    /// Names of q, its output and the positions in messages (rope.rerotate passes its keys as q:
+    /// "k", "out", "from_positions" or "to_positions").
+    std::string_view q_name = "q", q_out_name = "out[0]", positions_name = "positions";
 };
 
 /// Checks the arrays of one call and assembles it; throws rope::Error naming

@@ -99,6 +99,155 @@ void apply(const std::string& backend_name, const rope::RopeConfig& config, nb::
     rope::apply(*call.backend, config, call.args);
 }
 
+// --- Slot mappings -----------------------------------------------------------------------
+// The converters of rope/slot_mapping.hpp on imported int64 arrays. The Python
+// wrappers (rope/_slot_mapping.py) convert other integer types, allocate `out`
+// and pick the stream; here each array's shape is checked against the others,
+// and all must live on one device.
+class SlotMappingArrays {
+public:
+    // Imports @p object (int64, contiguous, @p ndim dimensions) for reading.
+    const IndexArray& input(const char* name, nb::handle object, int ndim = 1) {
+        return add(name, array_of(*(read_[count_] = import_input(name, object))), ndim);
+    }
+    // Imports the output, [tokens] int64.
+    const IndexArray& output(nb::handle object) {
+        return add("out", array_of(*(written_ = import_output("out", object))), 1);
+    }
+    // Where every array lives (checked alike), and the CUDA device to make current.
+    const Placement& placement() const { return placement_; }
+
+private:
+    const IndexArray& add(const char* name, const Array& array, int ndim) {
+        IndexArray& index = arrays_[count_++] = index_array(name, array, ndim);
+        if (index.ndim != ndim) rope::fail(std::string(name) + ".ndim", index.ndim, "must be " + std::to_string(ndim));
+        if (count_ == 1) {
+            placement_ = index.placement;
+            first_ = name;
+        } else if (index.placement.device != placement_.device ||
+                   index.placement.cuda_device != placement_.cuda_device) {
+            rope::fail(std::string(name) + ".device", std::string(rope::device_name(index.placement.device)),
+                       "must be where " + first_ + " is (" + std::string(rope::device_name(placement_.device)) +
+                           (placement_.cuda_device >= 0 ? ":" + std::to_string(placement_.cuda_device) : "") + ")");
+        }
+        return index;
+    }
+    std::optional<InputArray> read_[5];
+    std::optional<OutputArray> written_;
+    IndexArray arrays_[6];
+    int count_ = 0;
+    Placement placement_;
+    std::string first_;
+};
+
+void require_length(const char* name, const IndexArray& array, int64_t length, const char* what) {
+    if (array.shape[0] != length)
+        rope::fail(std::string(name) + ".shape[0]", array.shape[0],
+                   "must be " + std::string(what) + " = " + std::to_string(length));
+}
+
+// Calls @p convert with the output filled in, on the arrays' device and @p stream, without the GIL.
+template <typename Convert>
+void run_slot_mapping(SlotMappingArrays& arrays, const IndexArray& out, int64_t page_size, int64_t pages,
+                      uintptr_t stream, Convert convert) {
+    rope::SlotMappingOutput to;
+    to.slot_mapping = const_cast<int64_t*>(out.data);
+    to.tokens = out.shape[0];
+    to.page_size = page_size;
+    to.pages = pages;
+    to.device = arrays.placement().device;
+    to.stream = reinterpret_cast<void*>(stream);
+    CudaDeviceGuard device_guard(arrays.placement().cuda_device);
+    nb::gil_scoped_release no_gil;
+    convert(to);
+}
+
+void slot_mapping_from_flashinfer_indptr(nb::handle append_indptr, nb::handle kv_indptr, nb::handle kv_indices,
+                                         nb::handle kv_last_page_len, nb::handle out, int64_t page_size,
+                                         int64_t pages, uintptr_t stream) {
+    SlotMappingArrays arrays;
+    const IndexArray& indptr = arrays.input("kv_indptr", kv_indptr);
+    const int64_t batch = indptr.shape[0] - 1;
+    if (batch < 0) rope::fail("kv_indptr.shape[0]", indptr.shape[0], "must be batch + 1 >= 1");
+    const IndexArray& append = arrays.input("append_indptr", append_indptr);
+    require_length("append_indptr", append, batch + 1, "kv_indptr.shape[0]");
+    const IndexArray& indices = arrays.input("kv_indices", kv_indices);
+    const IndexArray& last = arrays.input("kv_last_page_len", kv_last_page_len);
+    require_length("kv_last_page_len", last, batch, "batch (kv_indptr.shape[0] - 1)");
+    const IndexArray& result = arrays.output(out);
+    rope::FlashInferAppend from{append.data, indptr.data, indices.data, indices.shape[0], last.data, batch};
+    run_slot_mapping(arrays, result, page_size, pages, stream,
+                     [&](const rope::SlotMappingOutput& to) { rope::slot_mapping_from_flashinfer_indptr(from, to); });
+}
+
+void slot_mapping_from_flashinfer_positions(nb::handle batch_indices, nb::handle positions, nb::handle kv_indptr,
+                                            nb::handle kv_indices, nb::handle out, int64_t page_size, int64_t pages,
+                                            uintptr_t stream) {
+    SlotMappingArrays arrays;
+    const IndexArray& indptr = arrays.input("kv_indptr", kv_indptr);
+    const int64_t batch = indptr.shape[0] - 1;
+    if (batch < 0) rope::fail("kv_indptr.shape[0]", indptr.shape[0], "must be batch + 1 >= 1");
+    const IndexArray& indices = arrays.input("kv_indices", kv_indices);
+    const IndexArray& requests = arrays.input("batch_indices", batch_indices);
+    const IndexArray& where = arrays.input("positions", positions);
+    const IndexArray& result = arrays.output(out);
+    require_length("batch_indices", requests, result.shape[0], "tokens (out.shape[0])");
+    require_length("positions", where, result.shape[0], "tokens (out.shape[0])");
+    rope::FlashInferPositions from{requests.data, where.data, indptr.data, indices.data, indices.shape[0], batch};
+    run_slot_mapping(arrays, result, page_size, pages, stream, [&](const rope::SlotMappingOutput& to) {
+        rope::slot_mapping_from_flashinfer_positions(from, to);
+    });
+}
+
+void slot_mapping_from_block_table(nb::handle block_table, nb::handle cache_seqlens, nb::handle cu_seqlens_q,
+                                   nb::handle out, int64_t page_size, int64_t pages, uintptr_t stream) {
+    SlotMappingArrays arrays;
+    const IndexArray& table = arrays.input("block_table", block_table, 2);
+    const int64_t batch = table.shape[0];
+    const IndexArray& cached = arrays.input("cache_seqlens", cache_seqlens);
+    require_length("cache_seqlens", cached, batch, "batch (block_table.shape[0])");
+    const IndexArray& cu = arrays.input("cu_seqlens_q", cu_seqlens_q);
+    require_length("cu_seqlens_q", cu, batch + 1, "batch + 1");
+    const IndexArray& result = arrays.output(out);
+    rope::BlockTable from{table.data, table.shape[1], table.shape[1], cached.data, cu.data, batch};
+    run_slot_mapping(arrays, result, page_size, pages, stream,
+                     [&](const rope::SlotMappingOutput& to) { rope::slot_mapping_from_block_table(from, to); });
+}
+
+// --- rerotate ----------------------------------------------------------------------------
+// One rope::rerotate call: keys k (k_out None: in place) from positions `from` to `to`, each
+// an offset or ids. The keys travel through prepare_call as its q, once per position argument.
+// bfloat16_bits: bit 0 k, bit 2 k_out.
+void rerotate(const std::string& backend_name, const rope::RopeConfig& config, nb::handle k, nb::handle k_out,
+              const std::string& layout_name, int64_t from_offset, nb::handle from_ids, int64_t from_max_position,
+              int64_t to_offset, nb::handle to_ids, int64_t to_max_position, uintptr_t stream, int bfloat16_bits) {
+    const bool in_place = k_out.is_none();
+    std::optional<InputArray> read[3];
+    std::optional<OutputArray> written[2];
+    Array keys[2], ids[2];
+    if (in_place) keys[0] = array_of(*(written[0] = import_output("k", k)));
+    else keys[0] = array_of(*(read[0] = import_input("k", k)));
+    if (!in_place) keys[1] = array_of(*(written[1] = import_output("out", k_out)));
+    auto positions = [&](int side, const char* name, nb::handle object, int64_t offset, int64_t max_position) {
+        CallArrays arrays;
+        arrays.q = &keys[0];
+        arrays.q_out = in_place ? nullptr : &keys[1];
+        if (!object.is_none()) arrays.ids = &(ids[side] = array_of(*(read[1 + side] = import_input(name, object))));
+        CallOptions options{backend_name, layout_name, offset, 1, 0, max_position, false, bfloat16_bits};
+        options.q_name = "k";
+        options.q_out_name = "out";
+        options.positions_name = name;
+        return prepare_call(config, arrays, options);
+    };
+    const Call from = positions(0, "from_positions", from_ids, from_offset, from_max_position);
+    const Call to = positions(1, "to_positions", to_ids, to_offset, to_max_position);
+    rope::RerotateArgs args{to.args.q, to.args.q_out, from.args.positions, to.args.positions,
+                            reinterpret_cast<void*>(stream)};
+    CudaDeviceGuard device_guard(to.cuda_device);
+    nb::gil_scoped_release no_gil;
+    rope::rerotate(*to.backend, config, args);
+}
+
 }  // namespace
 }  // namespace rope_python
 
@@ -214,4 +363,23 @@ NB_MODULE(_rope, m) {
           "cp_size"_a, "cp_rank"_a, "max_position"_a, "cos_sin_cache"_a.none(), "inverse"_a, "stream"_a,
           "bfloat16_bits"_a,
           "One rope::apply call on DLPack arrays (all positional; rope.apply is the documented entry point).");
+
+    m.def("slot_mapping_from_flashinfer_indptr", &rope_python::slot_mapping_from_flashinfer_indptr,
+          "append_indptr"_a, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "out"_a, "page_size"_a, "pages"_a,
+          "stream"_a,
+          "rope::slot_mapping_from_flashinfer_indptr on int64 DLPack arrays (rope.slot_mapping_from_flashinfer_indptr "
+          "is the documented entry point).");
+    m.def("slot_mapping_from_flashinfer_positions", &rope_python::slot_mapping_from_flashinfer_positions,
+          "batch_indices"_a, "positions"_a, "kv_indptr"_a, "kv_indices"_a, "out"_a, "page_size"_a, "pages"_a,
+          "stream"_a,
+          "rope::slot_mapping_from_flashinfer_positions on int64 DLPack arrays "
+          "(rope.slot_mapping_from_flashinfer_positions is the documented entry point).");
+    m.def("slot_mapping_from_block_table", &rope_python::slot_mapping_from_block_table, "block_table"_a,
+          "cache_seqlens"_a, "cu_seqlens_q"_a, "out"_a, "page_size"_a, "pages"_a, "stream"_a,
+          "rope::slot_mapping_from_block_table on int64 DLPack arrays (rope.slot_mapping_from_block_table is the "
+          "documented entry point).");
+    m.def("rerotate", &rope_python::rerotate, "backend"_a, "config"_a, "k"_a.none(), "k_out"_a.none(), "layout"_a,
+          "from_offset"_a, "from_ids"_a.none(), "from_max_position"_a, "to_offset"_a, "to_ids"_a.none(),
+          "to_max_position"_a, "stream"_a, "bfloat16_bits"_a,
+          "One rope::rerotate call on DLPack arrays (all positional; rope.rerotate is the documented entry point).");
 }

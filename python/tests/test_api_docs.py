@@ -35,7 +35,7 @@ def test_stub_is_what_stubgen_makes_of_the_module(tmp_path):
 
 
 def public_functions():
-    functions = [rope.Config, rope.apply]
+    functions = [rope.Config, rope.apply, rope.rerotate]
     try:
         from rope import ops
     except ImportError:

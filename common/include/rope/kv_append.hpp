@@ -150,8 +150,8 @@ inline MlaCache mla_cache(void* data, DType model_dtype, Device device, int64_t 
 /// `slots[t] < 0` or `t >= count`. Host slots are checked (each below
 /// pages * page_size, no slot twice); device slots cannot be read without a
 /// copy, and the kernels skip (write nothing for) a slot past the cache, so a
-/// bad device slot never writes out of bounds. Duplicate device slots leave
-/// one of the writes in that slot.
+/// bad device slot never writes out of bounds. Where two tokens share a device
+/// slot, each element of its rows holds one of their values, which one unspecified.
 struct SlotMapping {
     const int64_t* slots = nullptr;  ///< [count] int64 slots; may be null only when count is 0.
     int64_t count = 0;               ///< Tokens with a slot entry, <= the call's tokens.

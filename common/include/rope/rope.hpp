@@ -25,7 +25,9 @@
 #include "rope/kv_append.hpp"
 #include "rope/position_ids.hpp"
 #include "rope/positions.hpp"
+#include "rope/rerotate.hpp"
 #include "rope/rotation.hpp"
+#include "rope/slot_mapping.hpp"
 #include "rope/tensor.hpp"
 
 // What only a backend author needs (the Plan, the shared pair step, the

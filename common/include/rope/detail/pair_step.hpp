@@ -63,21 +63,25 @@ struct TokenPositions {
 };
 
 /// @brief Positions of token (b, s) on each of @p axes axes.
+/// @tparam kMayBeRelative false where the source cannot be a re-rotation's (the default angle
+///         path): PositionSource::at without its branch.
 /// @param source where positions come from (Plan::positions).
 /// @param axes Plan::axes.
 /// @param b sequence index.
 /// @param s token index.
 /// @return the token's positions; a one-axis source gives every axis the same position.
+template <bool kMayBeRelative = true>
 ROPE_HOST_DEVICE inline TokenPositions token_positions(const PositionSource& source, int64_t axes, int64_t b,
                                                        int64_t s) {
     TokenPositions positions;
-    positions.axis[0] = source.at(b, s, 0);
-    const bool own_rows = source.ids != nullptr && axes > 1;  // Else every axis shares row 0.
+    positions.axis[0] = source.at<kMayBeRelative>(b, s, 0);
+    // Else every axis shares row 0.
+    const bool own_rows = (kMayBeRelative ? source.has_ids() : source.ids != nullptr) && axes > 1;
 #if defined(__CUDA_ARCH__)
 #pragma unroll  // Constant indices keep the array in registers (a GPU cannot index registers).
 #endif
     for (int64_t a = 1; a < kMaxPositionAxes; ++a)
-        positions.axis[a] = own_rows && a < axes ? source.at(b, s, a) : positions.axis[0];
+        positions.axis[a] = own_rows && a < axes ? source.at<kMayBeRelative>(b, s, a) : positions.axis[0];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "rope/args.hpp"
@@ -29,8 +30,9 @@ class Backend;  // rope/backend.hpp
 /// One of three sources: explicit ids; packed sequences (cu_seqlens, with a
 /// binary search for the token's sequence); or an offset. The packed and
 /// offset forms may be context-parallel shards (cp_size > 1), whose local
-/// token index is first mapped to the global one.
-struct PositionSource {
+/// token index is first mapped to the global one. PositionSource adds, for a
+/// re-rotation, a second form: the positions the keys turn from.
+struct PositionForm {
     int64_t offset = 0;              ///< Offset form: first position (packed form: start when starts is null).
     const int64_t* ids = nullptr;    ///< Explicit ids [axes][rows][seq], or null.
     int64_t axis_stride = 0;         ///< Ids between consecutive axis rows.
@@ -89,6 +91,47 @@ struct PositionSource {
             return start + global_index(s - first, cu_seqlens[sequence + 1] - first);
         }
         return offset + global_index(s, seq);
+    }
+};
+
+/// @brief The positions a call turns its tokens by: one PositionForm, or for a
+/// re-rotation (rope/rerotate.hpp) the difference of two.
+///
+/// A re-rotation turns each key by angle(to) - angle(from); with one frequency
+/// table that is (to - from) * theta_i exactly, so at() gives the signed
+/// difference to - from (negative when a key moves back) and the backends
+/// rotate by it as by any position. Only the precise angle path
+/// (rope_angle_precise, which takes any int64) can then run: make_plan never
+/// sets `relative`, and the plan of a re-rotation forces precise angles.
+struct PositionSource : PositionForm {
+    PositionForm from;      ///< Re-rotation: the positions the keys turn from (read only when relative).
+    bool relative = false;  ///< True for a re-rotation: at() is the form's position minus from's.
+
+    /// @brief Whether sequences of the batch have positions of their own (per-sequence ids, either form).
+    /// @return true when ids are given per sequence.
+    ROPE_HOST_DEVICE bool per_sequence() const {
+        return PositionForm::per_sequence() || (relative && from.per_sequence());
+    }
+
+    /// @brief Whether any axis row of a token may differ from row 0 (explicit ids in either form).
+    /// @return true when a token's axes must each be read.
+    ROPE_HOST_DEVICE bool has_ids() const { return ids != nullptr || (relative && from.ids != nullptr); }
+
+    /// @brief The position (re-rotation: the position difference) of token @p s of sequence @p b
+    /// on axis @p axis.
+    /// @tparam kMayBeRelative false where the caller knows the source is not relative (the default
+    ///         angle path, which a re-rotation never takes): the plain form's position, without the branch.
+    /// @param b sequence index (0 for packed tensors).
+    /// @param s token index within the sequence (packed: within the pack).
+    /// @param axis position axis (see PositionForm::at).
+    /// @return the position id, or to - from for a re-rotation.
+    template <bool kMayBeRelative = true>
+    ROPE_HOST_DEVICE int64_t at(int64_t b, int64_t s, int64_t axis = 0) const {
+        const int64_t position = PositionForm::at(b, s, axis);
+        if constexpr (kMayBeRelative) {
+            if (relative) return position - from.at(b, s, axis);
+        }
+        return position;
     }
 };
 
@@ -159,6 +202,38 @@ Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device,
                const FrequencyTable* frequencies = nullptr);
 
 namespace detail {
+/// @brief What make_plan learns about one Positions argument (see check_positions).
+struct PositionFacts {
+    PositionForm source;       ///< The positions, in the form the backends read.
+    int64_t max_position = 0;  ///< For length-dependent scaling: HF's max(position_ids) + 1.
+    int64_t largest = -1;      ///< Largest position when rope can see every one (host arrays, offsets), else -1.
+};
+
+/// @brief make_plan's checks of one Positions argument, for calls that take several
+/// (rope::rerotate's from and to).
+/// @param name the argument's name in messages ("positions", "from", "to").
+/// @param positions the positions to check.
+/// @param batch the tensors' batch.
+/// @param seq the tensors' seq.
+/// @param device where the backend runs.
+/// @param config the call's (valid) configuration: its axes and scaling.
+/// @param table whether the call brings a caller's cos/sin table.
+/// @return the positions as the backends read them, and their extent.
+/// @throws rope::Error naming the first offending field (e.g. from.ids[3]) and its value.
+PositionFacts check_positions(std::string_view name, const Positions& positions, int64_t batch, int64_t seq,
+                              Device device, const RopeConfig& config, bool table);
+
+/// @brief make_plan, naming the positions @p positions_name in its messages (rope::rerotate's "to").
+/// @param config the model's RoPE.
+/// @param args the call.
+/// @param device where the backend runs.
+/// @param frequencies as make_plan's.
+/// @param positions_name the name of args.positions in messages.
+/// @return the plan.
+/// @throws rope::Error naming the first offending parameter and its value.
+Plan make_plan(const RopeConfig& config, const RopeArgs& args, Device device, const FrequencyTable* frequencies,
+               std::string_view positions_name);
+
 /// @brief make_frequency_table() for a configuration already validated (make_plan's use).
 /// @param config a valid configuration.
 /// @param max_position largest position of the call + 1.
