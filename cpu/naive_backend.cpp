@@ -19,6 +19,7 @@
 #include "rope/detail/kv_append_plan.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/detail/plan.hpp"
+#include "rope/detail/qk_norm_plan.hpp"
 #include "rope/rotation.hpp"
 
 namespace rope {
@@ -113,6 +114,7 @@ public:
             rotate_operand<Storage>(plan, plan.k);
         });
     }
+    void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cpu_naive(plan); }  // naive_qk_norm.cpp
     void run_kv_append(const KvAppendPlan& plan) override {
         dispatch_dtype(plan.rope.dtype, [&](auto storage) { append_rows<decltype(storage)>(plan); });
     }

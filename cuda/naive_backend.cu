@@ -20,6 +20,7 @@
 #include "kv_append_generic.hpp"
 #include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
+#include "rope/detail/qk_norm_plan.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/rotation.hpp"
 
@@ -90,6 +91,7 @@ public:
     std::string name() const override { return "cuda-naive"; }
     Device device() const override { return Device::cuda; }
     BackendLimits limits() const override { return cuda_detail::cuda_limits(); }
+    void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cuda_naive(plan); }  // naive_qk_norm.cu
     void run(const Plan& plan) override {
         cuda_detail::check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
         NaiveArgs args{};

@@ -4,6 +4,8 @@
 //   2. One backend object per thread, all calling at once.
 //   3. The registry functions (list_backends, backend_info, make_backend) from
 //      many threads at once.
+//   4. The frequency tables rope::apply keeps per configuration, with more
+//      configurations than it holds, from many threads at once.
 //
 // Each thread runs its own mix of calls (shapes, dtypes, layouts and every
 // position form: offset, ids, per-sequence ids, packed sequences, a
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "backend_tags.hpp"
+#include "rope/detail/plan.hpp"
 #include "support.hpp"
 
 namespace {
@@ -243,6 +246,43 @@ TEST_CASE_TEMPLATE_DEFINE("concurrency: threads call backend objects of their ow
     report(failures);
 }
 TEST_CASE_TEMPLATE_APPLY(separate_objects, AllBackends);
+
+TEST_CASE("concurrency: the frequency tables rope::apply keeps, more configurations than it holds, from many threads") {
+    // rope::apply keeps the table of each of its last configurations (common/src/registry.cpp).
+    // With more configurations than it holds, differing in one field each that the table reads,
+    // called by many threads in different orders, every call must still rotate by its own
+    // configuration's table: bit for bit what make_plan builds for the call alone.
+    using rope::ScalingType;
+    std::vector<Job> jobs;
+    auto naive = rope::make_backend("cpu-naive");
+    for (int i = 0; i < 40; ++i) {
+        rope::RopeConfig config = config_of(64, 10000.0, i % 2 ? rope::Style::interleaved : rope::Style::half_split);
+        const int variant = i / 2;  // The same variant in both styles.
+        switch (variant % 6) {
+            case 0: config.base = 1000.0 + 100.0 * variant; break;
+            case 1: config.scaling = {.type = ScalingType::linear, .factor = 1.0 + variant}; break;
+            case 2:
+                config.scaling = {.type = ScalingType::yarn, .factor = 4.0, .original_max_position_embeddings = 4096,
+                                  .beta_fast = 16.0 + variant};
+                break;
+            case 3:
+                config.scaling = {.type = ScalingType::llama3, .factor = 8.0, .original_max_position_embeddings = 256,
+                                  .low_freq_factor = 1.0 + 0.1 * variant};
+                break;
+            case 4: config.rotary_dim = 16 + 2 * (variant % 8); config.precise_angles = variant % 4 == 0; break;
+            default:  // Built per call: its table depends on the call's positions.
+                config.scaling = {.type = ScalingType::dynamic, .factor = 2.0, .original_max_position_embeddings = 8};
+        }
+        testing::Call call = testing::make_call(config, rope::DType::f32, rope::Layout::bhsd, {1, 2, 6, 64}, {1, 1, 6, 64});
+        call.offset = 3 * i;
+        testing::Call expected = call;
+        const rope::RopeArgs args = rope::RopeArgs::out_of_place(expected.q.view, expected.k.view, expected.q_out.view,
+                                                                 expected.k_out.view, expected.positions());
+        rope::detail::run_plan(*naive, rope::make_plan(config, args, rope::Device::host));  // Its own table.
+        jobs.push_back(Job{"configuration " + std::to_string(i), std::move(call), std::move(expected)});
+    }
+    report(run_threads(jobs, [&](int) -> rope::Backend& { return *naive; }, /*bit_exact=*/true));
+}
 
 TEST_CASE("concurrency: the registry answers many threads at once") {
     // What one thread sees, then the same asked by many at once.

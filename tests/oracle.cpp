@@ -119,7 +119,7 @@ PairRule pair_rule(const rope::RopeConfig& config, long rotary) {
 
 std::vector<double> rotate_with(const rope::RopeConfig& config, const rope::TensorView& x,
                                 const rope::Positions& positions, rope::Direction direction,
-                                const rope::CosSinCache* table) {
+                                const rope::CosSinCache* table, const std::vector<double>* input = nullptr) {
     // The oracle's independence is in the rotation; the other scaling types'
     // frequencies are checked against HuggingFace's own (tests/scaling_test.cpp),
     // so refuse them here rather than silently rotating with unscaled ones.
@@ -144,7 +144,7 @@ std::vector<double> rotate_with(const rope::RopeConfig& config, const rope::Tens
         return {double(row[j]), sign * double(row[pairs + j])};
     };
 
-    std::vector<double> out = values(x);
+    std::vector<double> out = input != nullptr ? *input : values(x);
     for (long b = 0; b < n.batch; ++b) {
         for (long s = 0; s < n.seq; ++s) {
             for (long h = 0; h < n.heads; ++h) {
@@ -222,6 +222,36 @@ std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorVie
     rope::RopeConfig unscaled = config;
     if (table.data != nullptr) unscaled.scaling = rope::Scaling{};
     return rotate_with(unscaled, x, positions, direction, table.data != nullptr ? &table : nullptr);
+}
+
+std::vector<double> qk_norm(const rope::RopeConfig& config, const rope::TensorView& x, const std::vector<double>& weight,
+                            bool gemma, bool across_heads, double eps, const rope::Positions& positions,
+                            const rope::CosSinCache& table) {
+    // RMSNorm from its definition, in float64: y = x / sqrt(mean(x^2) + eps) * w (or * (1 + w)),
+    // the mean over one head row, or over every head of the token.
+    const Sizes n = sizes_of(x);
+    std::vector<double> normalized = values(x);  // dense (b, h, s, d)
+    const long group_heads = across_heads ? n.heads : 1;
+    for (long b = 0; b < n.batch; ++b)
+        for (long s = 0; s < n.seq; ++s)
+            for (long h0 = 0; h0 < n.heads; h0 += group_heads) {
+                auto at = [&](long h, long d) -> double& {
+                    return normalized[size_t(((b * n.heads + h) * n.seq + s) * n.dim + d)];
+                };
+                double squares = 0;
+                for (long h = h0; h < h0 + group_heads; ++h)
+                    for (long d = 0; d < n.dim; ++d) squares += at(h, d) * at(h, d);
+                const double scale = 1.0 / std::sqrt(squares / double(group_heads * n.dim) + eps);
+                for (long h = h0; h < h0 + group_heads; ++h)
+                    for (long d = 0; d < n.dim; ++d) {
+                        const double w = weight[size_t((across_heads ? h * n.dim : 0) + d)];
+                        at(h, d) = at(h, d) * scale * (gemma ? 1.0 + w : w);
+                    }
+            }
+    rope::RopeConfig unscaled = config;
+    if (table.data != nullptr) unscaled.scaling = rope::Scaling{};
+    return rotate_with(unscaled, x, positions, rope::Direction::forward, table.data != nullptr ? &table : nullptr,
+                       &normalized);
 }
 
 std::vector<double> rerotate(const rope::RopeConfig& config, const rope::TensorView& x, const rope::Positions& from,

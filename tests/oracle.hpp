@@ -53,6 +53,13 @@ std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorVie
                            const rope::Positions& positions, rope::Direction direction,
                            const rope::CosSinCache& table);
 
+// Fused QK-RMSNorm + RoPE in float64: each group of x (a head row, or with across_heads
+// all heads of a token) divided by sqrt(mean(x^2) + eps), times weight (gemma: 1 + weight;
+// across_heads: weight[h * head_dim + d]), then rotated as rotate() (with the caller's
+// table when table.data is set). Dense result in (batch, heads, seq, dim) order.
+std::vector<double> qk_norm(const rope::RopeConfig& config, const rope::TensorView& x, const std::vector<double>& weight,
+                            bool gemma, bool across_heads, double eps, const rope::Positions& positions,
+                            const rope::CosSinCache& table);
 // Re-rotation from scratch: each pair of x turned by angle(to) - angle(from), both
 // angles position * theta_j formed in long double and subtracted before any
 // rounding, never scaled (rotated keys carry the attention factor already).

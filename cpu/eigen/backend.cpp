@@ -35,6 +35,7 @@
 #include "rope/detail/kv_append_plan.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/detail/plan.hpp"
+#include "rope/detail/qk_norm_plan.hpp"
 #include "rope/rotation.hpp"
 #include "row.hpp"
 #include "streaming_stores.hpp"
@@ -107,6 +108,7 @@ public:
     void run(const Plan& plan) override {
         dispatch_dtype(plan.dtype, [&](auto storage) { run_typed<decltype(storage)>(plan); });
     }
+    void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cpu_eigen(plan, requested_threads_); }
 
     void run_kv_append(const KvAppendPlan& plan) override {
         dispatch_dtype(plan.rope.dtype, [&](auto storage) { append_typed<decltype(storage)>(plan); });

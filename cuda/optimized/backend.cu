@@ -19,6 +19,7 @@
 #include "kv_append.cuh"
 #include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
+#include "rope/detail/qk_norm_plan.hpp"
 #include "device_launch.cuh"
 #include "row_access.cuh"
 #include "unit_kernel.cuh"
@@ -83,6 +84,7 @@ public:
     std::string name() const override { return "cuda-optimized"; }
     Device device() const override { return Device::cuda; }
     BackendLimits limits() const override { return cuda_limits(); }
+    void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cuda_optimized(plan); }  // qk_norm.cu
     void run(const Plan& plan) override {
         check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
         const DeviceInfo device = current_device_info();

@@ -5,7 +5,9 @@ costs, timed in the same run; on a GPU also next to rope-bench's C++ call.
 
     PYTHONPATH=build/gpu/python:python/bench python3 python/bench/op_cost.py OUTDIR [--rope-bench PATH]
 
-Runs on the CPU (host tensors, the host backends) where there is no CUDA device.
+Runs on the CPU (host tensors, the host backends) where there is no CUDA device;
+there --cpu-time times the host rows in the calling thread's CPU time, which
+other processes on a shared machine do not inflate as they do the wall clock.
 
 The method is rope-bench's (bench/timing/), done with PyTorch's own tools
 (torch.utils.benchmark and torch.cuda.Event), not a timer of its own:
@@ -25,7 +27,8 @@ The method is rope-bench's (bench/timing/), done with PyTorch's own tools
 
 Rows: the Python entries (rope.ops.rope_, torch.ops.rope.apply_, rope.apply,
 rope.ops.rope); torch.ops.aten.copy_ (q.copy_(k) called as torch.ops.rope.apply_
-is: PyTorch's own in-place operator through the same dispatcher); on CUDA
+is: PyTorch's own in-place operator through the same dispatcher);
+torch.ops.aten.zero_ of one element (the dispatcher's round trip, next to no work); on CUDA
 torch.cuda._sleep(0), a kernel of no work launched from one Python binding, the
 floor under any Python call that launches a kernel. The status column gives each
 host row as a multiple of that floor (on the CPU, of torch.ops.aten.copy_).
@@ -40,6 +43,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 import torch.utils.benchmark as benchmark
@@ -50,6 +54,7 @@ from rope import ops
 SHAPE = (1, 32, 1, 128)
 REPS = 30
 COPY, FLOOR, ROPE_BENCH = "copy (ceiling)", "torch.cuda._sleep(0)", "rope-bench (C++)"
+TINY = "aten.zero_ (1 element)"
 
 
 class Sets:
@@ -67,15 +72,18 @@ class Sets:
         self.q = [b[:q_elements].view(q_shape) for b in self.buffers]
         self.k = [b[q_elements:].view(k_shape) for b in self.buffers]
         self.copies = [torch.empty_like(b) for b in self.buffers]
+        self.one = [b[:1] for b in self.copies]  # One element each, for the dispatcher's round trip.
 
     def copy(self, i):
         """The ceiling's call: one copy of set i's bytes."""
         self.copies[i].copy_(self.buffers[i])
 
 
-def host_us(call, count):
-    """Median microseconds per call of back-to-back call(i), i cycling over the sets (torch.utils.benchmark)."""
-    timer = benchmark.Timer("call(next(sets))", globals={"call": call, "sets": itertools.cycle(range(count))})
+def host_us(call, count, clock=None):
+    """Median microseconds per call of back-to-back call(i), i cycling over the sets (torch.utils.benchmark),
+    by the wall clock or by ``clock``."""
+    timer = benchmark.Timer("call(next(sets))", globals={"call": call, "sets": itertools.cycle(range(count))},
+                            **({"timer": clock} if clock else {}))
     return timer.blocked_autorange(min_run_time=0.2).median * 1e6
 
 
@@ -125,6 +133,7 @@ def python_calls(sets, device):
         "rope.apply": lambda i: rope.apply(q[i], k[i], config, positions=0),
         "rope.ops.rope": lambda i: ops.rope(q[i], k[i], config, positions=0),
         "torch.ops.aten.copy_": lambda i: torch.ops.aten.copy_.default(q[i], k[i]),
+        TINY: lambda i: torch.ops.aten.zero_.default(sets.one[i]),
         COPY: sets.copy,
     }
     if device == "cuda":
@@ -152,11 +161,14 @@ def main():
     parser.add_argument("outdir")
     parser.add_argument("--rope-bench", help="path of rope-bench, for the C++ rows (CUDA)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each timing every row once")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="host rows in the calling thread's CPU time (time.thread_time), not the wall clock's: "
+                             "for a CPU run on a machine other processes share (with OMP_NUM_THREADS=1)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sets = Sets(torch.Size(SHAPE), torch.Size(SHAPE), torch.float32, device)
     calls = python_calls(sets, device)
-    timings = {"host": lambda call: host_us(call, sets.count)}
+    timings = {"host": lambda call: host_us(call, sets.count, time.thread_time if args.cpu_time else None)}
     if device == "cuda":
         timings.update(queued=lambda call: gpu_us(call, sets.count, graph=False),
                        graph=lambda call: gpu_us(call, sets.count, graph=True))
@@ -164,7 +176,7 @@ def main():
     for _ in range(args.rounds):
         for timing, measure in timings.items():
             for name, call in calls.items():
-                if timing != "host" and name == FLOOR:
+                if timing != "host" and name in (FLOOR, TINY):
                     continue  # No bytes moved: no GPU row.
                 try:
                     samples.setdefault((name, timing), []).append(measure(call))
@@ -179,6 +191,8 @@ def main():
         median = statistics.median(us)
         pct = f"{100 * ceiling / median:.1f}" if ceiling and timing != "host" else ""
         status = f"{median / floor:.2f} x the floor" if timing == "host" and floor else "ok"
+        if timing == "host" and args.cpu_time:
+            status += " (thread CPU time)"
         rows.append(dict(what=name, timing=timing, median_us=f"{median:.2f}", pct_of_copy=pct, sets=sets.count,
                          rounds=len(us), us_min=f"{min(us):.2f}", us_max=f"{max(us):.2f}",
                          status=failures.get((name, timing), status)))
@@ -197,7 +211,7 @@ def main():
         writer.writerows(rows)
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     print(f"decode {list(SHAPE)} fp32 on {where}; operators from {ops.CPP_OPERATOR or 'Python (custom_op)'}; "
-          f"medians of {args.rounds} interleaved rounds:")
+          f"medians of {args.rounds} interleaved rounds{', host rows in thread CPU time' if args.cpu_time else ''}:")
     for row in rows:
         print(f"  {row['what']:<22} {row['timing']:<7} {row.get('median_us', ''):>8} us "
               f"({row.get('us_min', '')}-{row.get('us_max', '')})  {row.get('pct_of_copy', '') or '-':>6} % of copy  "

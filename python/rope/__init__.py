@@ -14,13 +14,19 @@ operators torch.ops.rope.apply_ (in place) and torch.ops.rope.apply
 (functional, differentiable, torch.compile-able). rope.hf (also on first use)
 patches a HuggingFace transformers model to use them for its RoPE.
 
+rope.append_kv rotates q and k and appends the rotated k and v to paged KV
+caches at each token's slot (a serving engine's decode step, FP8 caches too);
+rope.ops.append_kv_ is the same call as a PyTorch operator.
+
 Errors are rope.Error, a ValueError whose message names the argument and its
 value; when one is raised, nothing has been written.
 """
 
 from . import _rope
+from ._append import append_kv
 from ._apply import apply, list_backends
 from ._config import Config
+from ._qk_norm import apply_qk_norm, apply_qk_norm_packed
 from ._slot_mapping import (slot_mapping_from_block_table, slot_mapping_from_flashinfer_indptr,
                             slot_mapping_from_flashinfer_positions)
 from ._rerotate import rerotate
@@ -28,7 +34,8 @@ from ._rerotate import rerotate
 Error = _rope.Error
 BackendInfo = _rope.BackendInfo
 
-__all__ = ["Config", "Error", "BackendInfo", "apply", "rerotate", "list_backends",
+__all__ = ["Config", "Error", "BackendInfo", "apply", "append_kv", "apply_qk_norm", "apply_qk_norm_packed",
+           "rerotate", "list_backends",
            "slot_mapping_from_flashinfer_indptr", "slot_mapping_from_flashinfer_positions",
            "slot_mapping_from_block_table", "ops", "hf"]
 __version__ = "0.1.0"

@@ -73,20 +73,26 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
     """
     if not isinstance(config, Config):
         raise _fail("config", type(config).__name__, "must be a rope.Config")
-    _refuse_autograd(q, "q")
-    _refuse_autograd(k, "k")
+    if getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False):
+        _refuse_autograd(q, "q")
+        _refuse_autograd(k, "k")
     if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
         raise _fail("out", type(out).__name__, "must be a pair (q_out, k_out)")
     result = (q, k) if out is None else tuple(out)
-    offset, ids = _positions(positions)
+    if positions is None or type(positions) is int and -_INT64_MAX - 1 <= positions <= _INT64_MAX:
+        offset, ids = positions or 0, None  # The common forms, checked without a call.
+    else:
+        offset, ids = _positions(positions)
     q_out, k_out = (None, None) if out is None else out
     if layout is None:
         layout = "thd" if getattr(q, "ndim", 4) == 3 else "bhsd"
-    cp_size, cp_rank = _cp(cp)
-    max_position = _integer("max_position", max_position)
-    arrays = [q, k, q_out, k_out, ids, _index("cu_seqlens", cu_seqlens), _index("starts", starts), cos_sin_cache]
+    cp_size, cp_rank = (1, 0) if cp is None else _cp(cp)
+    if type(max_position) is not int or not -_INT64_MAX - 1 <= max_position <= _INT64_MAX:
+        max_position = _integer("max_position", max_position)
+    if cu_seqlens is not None or starts is not None:
+        cu_seqlens, starts = _index("cu_seqlens", cu_seqlens), _index("starts", starts)
+    arrays = [q, k, q_out, k_out, ids, cu_seqlens, starts, cos_sin_cache]
 
-    handle = 0
     if stream is not None:
         # An explicit stream: DLPack's handshake asks each CUDA producer to make
         # that stream wait for the work it has queued on its own stream.
@@ -95,10 +101,16 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
     else:
         handle = _current_stream(q)
 
+    torch = sys.modules.get("torch")  # Loaded when any array is a PyTorch tensor.
     bits = 0
-    for operand in range(4):  # q, k, q_out, k_out: NumPy bfloat16 travels as its uint16 bits.
-        arrays[operand], is_bf16 = _bfloat16_bits(arrays[operand])
-        bits |= int(is_bf16) << operand
+    for i, array in enumerate(arrays):
+        if array is None:
+            continue
+        if torch is not None and stream is None and type(array) is torch.Tensor and not array.requires_grad:
+            arrays[i] = _export_tensor(torch, array)
+        elif i < 4 and isinstance(array, np.ndarray):  # q, k, q_out, k_out: bfloat16 travels as its uint16 bits.
+            arrays[i], is_bf16 = _bfloat16_bits(array)
+            bits |= int(is_bf16) << i
 
     q, k, q_out, k_out, ids, cu_seqlens, starts, cos_sin_cache = arrays
     _rope.apply(backend or "", config._native, q, k, q_out, k_out, layout, offset, ids, cu_seqlens, starts,
@@ -201,11 +213,29 @@ def _current_stream(q: Any) -> int:
     """The stream the framework that made ``q`` is working on, so rope's kernel follows its work."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
-        return torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+        if not q.is_cuda:
+            return 0
+        # PyTorch's raw handle, as its compiled code reads it (no Stream object made); the public way otherwise.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        return raw(q.get_device()) if raw is not None else torch.cuda.current_stream(q.device).cuda_stream
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(q, cupy.ndarray):
         return cupy.cuda.get_current_stream().ptr
     return 0
+
+
+def _export_tensor(torch: Any, tensor: Any) -> Any:
+    """A torch.Tensor (not a subclass, which may export otherwise) that does not require grad as a
+    DLPack capsule, from torch.utils.dlpack.to_dlpack: PyTorch's C function, which its method
+    ``__dlpack__()`` calls after checks in Python that cost more than the export itself (the tensor
+    requires grad, a CUDA tensor is on the current device, ...). Where the export fails (a sparse
+    tensor, a meta tensor), the tensor itself: its ``__dlpack__()`` is then called on import, and its
+    refusal is part of rope's message. (A complex tensor with the conjugate bit, which ``__dlpack__()``
+    refuses, is exported and refused by its dtype.)"""
+    try:
+        return torch.utils.dlpack.to_dlpack(tensor)
+    except (RuntimeError, BufferError):
+        return tensor
 
 
 def _export_for_stream(array: Any, handle: int) -> Any:
@@ -226,6 +256,8 @@ def _export_for_stream(array: Any, handle: int) -> Any:
 def _bfloat16_bits(array: Any) -> Tuple[Any, bool]:
     """An ml_dtypes.bfloat16 NumPy array as a uint16 view of the same memory (DLPack has no
     code for NumPy's extension dtypes); the C++ side reads those bits as bfloat16."""
-    if isinstance(array, np.ndarray) and array.dtype.name == "bfloat16":
+    # The kind first: NumPy's own dtypes are never "V" (void) as extension dtypes are, and reading
+    # it is far cheaper than the dtype's name.
+    if isinstance(array, np.ndarray) and array.dtype.kind == "V" and array.dtype.name == "bfloat16":
         return array.view(np.uint16), True
     return array, False

@@ -246,6 +246,11 @@ def apply(backend: str, config: RopeConfig, q: object | None, k: object | None, 
     One rope::apply call on DLPack arrays (all positional; rope.apply is the documented entry point).
     """
 
+def append_kv(backend: str, config: RopeConfig, q: object | None, k: object | None, v: object | None, q_out: object | None, k_out: object | None, offset: int, ids: object | None, slot_mapping: object | None, k_cache: object | None, v_cache: object | None, k_scale: object | None, v_scale: object | None, kv_layout: str, page_size: int, k_cache_dtype: str, v_cache_dtype: str, cos_sin_cache: object | None, max_position: int, stream: int, bfloat16_bits: int) -> None:
+    """
+    One rope::append_kv call on DLPack arrays (all positional; rope.append_kv is the documented entry point).
+    """
+
 def slot_mapping_from_flashinfer_indptr(append_indptr: object, kv_indptr: object, kv_indices: object, kv_last_page_len: object, out: object, page_size: int, pages: int, stream: int) -> None:
     """
     rope::slot_mapping_from_flashinfer_indptr on int64 DLPack arrays (rope.slot_mapping_from_flashinfer_indptr is the documented entry point).
@@ -259,6 +264,11 @@ def slot_mapping_from_flashinfer_positions(batch_indices: object, positions: obj
 def slot_mapping_from_block_table(block_table: object, cache_seqlens: object, cu_seqlens_q: object, out: object, page_size: int, pages: int, stream: int) -> None:
     """
     rope::slot_mapping_from_block_table on int64 DLPack arrays (rope.slot_mapping_from_block_table is the documented entry point).
+    """
+
+def apply_qk_norm(backend: str, config: RopeConfig, q: object | None, k: object | None, q_out: object | None, k_out: object | None, qkv: object | None, q_heads: int, kv_heads: int, v_out: object | None, q_weight: object | None, k_weight: object | None, kind: str, rounding: str, eps: float, layout: str, offset: int, ids: object | None, cos_sin_cache: object | None, stream: int, bfloat16_bits: int) -> None:
+    """
+    One rope::apply_qk_norm call on DLPack arrays (rope.apply_qk_norm is the documented entry point).
     """
 
 def rerotate(backend: str, config: RopeConfig, k: object | None, k_out: object | None, layout: str, from_offset: int, from_ids: object | None, from_max_position: int, to_offset: int, to_ids: object | None, to_max_position: int, stream: int, bfloat16_bits: int) -> None:

@@ -1,4 +1,5 @@
-"""rope as PyTorch operators: torch.ops.rope.apply_ (in place) and torch.ops.rope.apply (functional).
+"""rope as PyTorch operators: torch.ops.rope.apply_ (in place), torch.ops.rope.apply (functional) and
+torch.ops.rope.append_kv_ (RoPE + paged KV append, in place; see the end of this file).
 
 Importing this module (``rope.ops``; ``import rope`` alone never imports torch)
 registers two operators, in the shape of a PyTorch C++ extension
@@ -188,8 +189,10 @@ def _as_rope_error(call, *arguments):
         raise _rope.Error(str(error).split("\n")[0]) from None
 
 
-# rope_'s fast way into the C++ kernel in eager code (python/torch_ops/eager.cpp), where the library is loaded.
+# rope_'s and rope's fast ways into the C++ kernel in eager code (python/torch_ops/eager.cpp), where the
+# library is loaded.
 _eager_entry = None if _cpp_operator is None else _cpp_operator.rope_
+_eager_functional = None if _cpp_operator is None else _cpp_operator.rope
 
 
 def rope_(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None, *, layout: Optional[str] = None,
@@ -225,7 +228,76 @@ def rope(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None, 
 
     Returns (q_rotated, k_rotated), k_rotated None when k is None. Arguments as rope_.
     """
+    # Aside: as rope_'s, in plain eager code with the C++ library loaded, where autograd records
+    # nothing (no input requires grad, or grad mode is off): the operator's kernel without the
+    # dispatcher and the Python autograd wrapper it would pass through (python/torch_ops/eager.cpp).
+    if _eager_functional is not None and not torch.compiler.is_compiling():
+        outputs = _eager_functional(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse,
+                                    backend, max_position)
+        if outputs is not None:
+            return outputs
     arguments = _arguments(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
                            max_position)
     q_out, k_out = _as_rope_error(torch.ops.rope.apply, *arguments)
     return q_out, (None if k is None else k_out)
+
+
+# --- RoPE + paged KV append: torch.ops.rope.append_kv_ -------------------------------------------
+# Defined in C++ (python/torch_ops/kv_append_op.cpp) beside the others; without that library, the
+# same schema registered here over rope._rope.append_kv. Either way it mutates q, k and both caches
+# (declared in the schema) and returns nothing.
+if _cpp_operator is None:
+    @torch.library.custom_op("rope::append_kv_", mutates_args=("q", "k", "k_cache", "v_cache"))
+    def _append_kv_in_place(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+                            config: str, offset: int, ids: Optional[Tensor], k_scale: Optional[Tensor],
+                            v_scale: Optional[Tensor], cos_sin_cache: Optional[Tensor], kv_layout: str,
+                            cache_dtype: str, backend: str, max_position: int) -> None:
+        from ._append import _cache
+        stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+        (k_cache, k_dtype), (v_cache, v_dtype) = (_cache("k_cache", k_cache, cache_dtype or None),
+                                                  _cache("v_cache", v_cache, cache_dtype or None))
+        capsules = [None if t is None else torch.utils.dlpack.to_dlpack(t.detach()) for t in (
+            q, k, v, k_cache, v_cache, _index("positions", ids), _index("slot_mapping", slot_mapping), k_scale,
+            v_scale, cos_sin_cache)]
+        q, k, v, k_cache, v_cache, ids, slot_mapping, k_scale, v_scale, cos_sin_cache = capsules
+        _rope.append_kv(backend, Config.from_key(config)._native, q, k, v, None, None, offset, ids, slot_mapping,
+                        k_cache, v_cache, k_scale, v_scale, kv_layout, 0, k_dtype, v_dtype, cos_sin_cache,
+                        max_position, stream, 0)
+
+
+@torch.library.register_fake("rope::append_kv_")
+def _(q, k, v, k_cache, v_cache, slot_mapping, config, offset, ids, k_scale, v_scale, cos_sin_cache, kv_layout,
+      cache_dtype, backend, max_position):
+    return None  # Nothing new: q, k and the caches are changed where they are.
+
+
+def append_kv_(q: Tensor, k: Tensor, v: Tensor, config: Config, positions: Any, slot_mapping: Tensor,
+               k_cache: Tensor, v_cache: Tensor, *, kv_layout: str = "nhd", cache_dtype: Optional[str] = None,
+               k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None,
+               cos_sin_cache: Optional[Tensor] = None, backend: Optional[str] = None,
+               max_position: int = 0) -> Tuple[Tensor, Tensor]:
+    """rope.append_kv as the PyTorch operator torch.ops.rope.append_kv_; returns (q, k).
+
+    Rotates q and k in place and writes the rotated k and v into k_cache and
+    v_cache at each token's slot (the arguments are rope.append_kv's; scales
+    are float32 tensors on the caches' device, FP8 caches torch.float8_e4m3fn
+    or float8_e5m2 tensors, or uint8 ones with ``cache_dtype``). Its schema
+    declares the four mutations, so torch.compile(fullgraph=True) traces it
+    without a graph break; on CUDA it runs on the current stream with no host
+    synchronisation and no allocation when positions and slot_mapping are
+    int64 and contiguous, so a CUDA graph captures it. Not differentiable. A
+    bad argument raises rope.Error before anything is written.
+    """
+    if not isinstance(config, Config):
+        raise _fail("config", type(config).__name__, "must be a rope.Config")
+    offset, ids = _positions(positions)
+    if ids is not None and not isinstance(ids, Tensor):  # A list or a NumPy array, now int64.
+        ids = torch.as_tensor(np.asarray(ids), device=q.device)
+    if not isinstance(slot_mapping, Tensor):
+        slot_mapping = torch.as_tensor(np.asarray(_index("slot_mapping", slot_mapping)), device=q.device)
+    if cache_dtype is not None and cache_dtype not in ("e4m3fn", "e5m2"):
+        raise _fail("cache_dtype", repr(cache_dtype), 'must be "e4m3fn", "e5m2" or None (the model\'s dtype)')
+    _as_rope_error(torch.ops.rope.append_kv_, q, k, v, k_cache, v_cache, slot_mapping, config.key, offset, ids,
+                   k_scale, v_scale, cos_sin_cache, kv_layout, cache_dtype or "", backend or "",
+                   _integer("max_position", max_position))
+    return q, k

@@ -4,7 +4,8 @@
 // (RopeConfig, Scaling, BackendInfo), arrays cross through DLPack without a
 // copy (dlpack_views.hpp), and one function, apply(), imports them, has
 // call_args.hpp check them and assemble rope::RopeArgs (the code the PyTorch
-// operator in python/torch_ops/ shares) and calls rope::apply. What is Python's business (HuggingFace dicts, keyword
+// operator in python/torch_ops/ shares) and calls rope::apply; append_kv() does the same for
+// rope::append_kv through kv_append_args.hpp. What is Python's business (HuggingFace dicts, keyword
 // defaults, streams of PyTorch and CuPy, bfloat16 NumPy arrays) lives in the
 // pure-Python package rope/ on top of it.
 #include <optional>
@@ -25,6 +26,7 @@
 
 #include "config_key.hpp"
 #include "dlpack_views.hpp"
+#include "kv_append_args.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -97,6 +99,55 @@ void apply(const std::string& backend_name, const rope::RopeConfig& config, nb::
     // Long CPU calls must not stall other Python threads: the arrays are held above.
     nb::gil_scoped_release no_gil;
     rope::apply(*call.backend, config, call.args);
+}
+
+// --- append_kv ---------------------------------------------------------------------------
+// One rope::append_kv call: q and k rotated (in place, or into q_out and k_out), the rotated k and v
+// written into their caches at the slots of slot_mapping. bfloat16_bits: bit 0 q, 1 k, 2 q_out,
+// 3 k_out, 4 v, 5 k_cache, 6 v_cache hold bfloat16 as uint16.
+void append_kv(const std::string& backend_name, const rope::RopeConfig& config, nb::handle q, nb::handle k,
+               nb::handle v, nb::handle q_out, nb::handle k_out, int64_t offset, nb::handle ids,
+               nb::handle slot_mapping, nb::handle k_cache, nb::handle v_cache, nb::handle k_scale,
+               nb::handle v_scale, const std::string& kv_layout, int64_t page_size, const std::string& k_cache_dtype,
+               const std::string& v_cache_dtype, nb::handle cos_sin_cache, int64_t max_position, uintptr_t stream,
+               int bfloat16_bits) {
+    const bool in_place = q_out.is_none();
+    std::optional<InputArray> read[13];
+    std::optional<OutputArray> written[13];
+    Array arrays[13];
+    auto take = [&](int role, const char* name, nb::handle object, bool writes) -> const Array* {
+        if (object.is_none() && role > 4) return nullptr;  // q, k, v, and the caches are required.
+        if (writes) arrays[role] = array_of(*(written[role] = import_output(name, object)));
+        else arrays[role] = array_of(*(read[role] = import_input(name, object)));
+        return &arrays[role];
+    };
+    KvAppendArrays call_arrays;
+    call_arrays.rope.q = take(0, "q", q, in_place);
+    call_arrays.rope.k = take(1, "k", k, in_place);
+    call_arrays.v = take(2, "v", v, false);
+    call_arrays.k_cache = take(3, "k_cache", k_cache, true);
+    call_arrays.v_cache = take(4, "v_cache", v_cache, true);
+    call_arrays.rope.q_out = take(5, "out[0]", q_out, true);
+    call_arrays.rope.k_out = take(6, "out[1]", k_out, true);
+    call_arrays.rope.ids = take(7, "positions", ids, false);
+    call_arrays.slot_mapping = take(8, "slot_mapping", slot_mapping, false);
+    call_arrays.k_scale = take(9, "k_scale", k_scale, false);
+    call_arrays.v_scale = take(10, "v_scale", v_scale, false);
+    call_arrays.rope.cos_sin_cache = take(11, "cos_sin_cache", cos_sin_cache, false);
+    if (call_arrays.slot_mapping == nullptr) rope::fail("slot_mapping", "None", "append_kv needs it");
+
+    KvAppendOptions options;
+    options.rope = CallOptions{backend_name, "thd", offset, 1, 0, max_position, false, bfloat16_bits & 15};
+    options.kv_layout = kv_layout;
+    options.page_size = page_size;
+    options.k_cache_dtype = k_cache_dtype;
+    options.v_cache_dtype = v_cache_dtype;
+    options.bfloat16_bits = bfloat16_bits >> 4;
+    KvAppendCall call = prepare_kv_append(config, call_arrays, options);
+    call.args.stream = reinterpret_cast<void*>(stream);
+    CudaDeviceGuard device_guard(call.cuda_device);
+    nb::gil_scoped_release no_gil;
+    rope::append_kv(*call.backend, config, call.args);
 }
 
 // --- Slot mappings -----------------------------------------------------------------------
@@ -212,6 +263,97 @@ void slot_mapping_from_block_table(nb::handle block_table, nb::handle cache_seql
     rope::BlockTable from{table.data, table.shape[1], table.shape[1], cached.data, cu.data, batch};
     run_slot_mapping(arrays, result, page_size, pages, stream,
                      [&](const rope::SlotMappingOutput& to) { rope::slot_mapping_from_block_table(from, to); });
+}
+
+// --- apply_qk_norm -------------------------------------------------------------------------
+// One rope::apply_qk_norm call: q and k as views (q_out None: in place), or a packed 2-D qkv
+// buffer (q and k None). bfloat16_bits: bit 0 q, 1 k, 2 q_out, 3 k_out, 4 q_weight,
+// 5 k_weight, 6 qkv, 7 v_out hold bfloat16 as uint16.
+void apply_qk_norm(const std::string& backend_name, const rope::RopeConfig& config, nb::handle q, nb::handle k,
+                   nb::handle q_out, nb::handle k_out, nb::handle qkv, int64_t q_heads, int64_t kv_heads,
+                   nb::handle v_out, nb::handle q_weight, nb::handle k_weight, const std::string& kind,
+                   const std::string& rounding, double eps, const std::string& layout_name, int64_t offset,
+                   nb::handle ids, nb::handle cos_sin_cache, uintptr_t stream, int bfloat16_bits) {
+    const bool packed = !qkv.is_none();
+    auto bit = [&](int i) { return (bfloat16_bits >> i & 1) != 0; };
+    // Slots: inputs 0 ids, 1 table, 2 q, 3 k, 4 q_weight, 5 k_weight; outputs 0 qkv, 1 q, 2 k,
+    // 3 q_out, 4 k_out, 5 v_out. Every array stays imported until the call returns.
+    std::optional<InputArray> read[6];
+    std::optional<OutputArray> written[6];
+    Array arrays[12];
+    auto input = [&](int slot, const char* name, nb::handle object) -> const Array* {
+        if (object.is_none()) return nullptr;
+        return &(arrays[slot] = array_of(*(read[slot] = import_input(name, object))));
+    };
+    auto output = [&](int slot, const char* name, nb::handle object) -> const Array* {
+        if (object.is_none()) return nullptr;
+        return &(arrays[6 + slot] = array_of(*(written[slot] = import_output(name, object))));
+    };
+    CallArrays call_arrays;
+    call_arrays.ids = input(0, "positions", ids);
+    call_arrays.cos_sin_cache = input(1, "cos_sin_cache", cos_sin_cache);
+    rope::QkvBuffer buffer;
+    int64_t slice_shape[2][3], slice_strides[2][3];
+    Array slices[2];
+    if (packed) {
+        if (!q.is_none() || !k.is_none()) rope::fail("q", "set", "must be None with a qkv buffer");
+        const Array& all = *output(0, "qkv", qkv);
+        if (all.ndim != 2 || all.strides[1] != 1)
+            rope::fail("qkv", std::to_string(all.ndim) + "-D", "must be a 2-D [tokens, width] array, rows contiguous");
+        buffer = rope::QkvBuffer{all.data, storage_type("qkv", all.dtype, bit(6)),
+                                 placement_of("qkv", all.device_type, all.device_id).device,
+                                 all.shape[0], all.shape[1], q_heads, kv_heads, all.strides[0]};
+        // q's and k's slices as thd arrays: what prepare_call reads (positions, table, backend).
+        const int64_t heads[2] = {q_heads, kv_heads}, first[2] = {0, q_heads * config.head_dim};
+        for (int i = 0; i < 2; ++i) {
+            slices[i] = all;
+            slices[i].data = static_cast<char*>(all.data) + first[i] * all.dtype.bits / 8;
+            slices[i].ndim = 3;
+            slice_shape[i][0] = all.shape[0], slice_shape[i][1] = heads[i], slice_shape[i][2] = config.head_dim;
+            slice_strides[i][0] = all.strides[0], slice_strides[i][1] = config.head_dim, slice_strides[i][2] = 1;
+            slices[i].shape = slice_shape[i];
+            slices[i].strides = slice_strides[i];
+        }
+        call_arrays.q = &slices[0];
+        call_arrays.k = &slices[1];
+    } else {
+        const bool in_place = q_out.is_none();
+        call_arrays.q = in_place ? output(1, "q", q) : input(2, "q", q);
+        call_arrays.k = in_place ? output(2, "k", k) : input(3, "k", k);
+        call_arrays.q_out = output(3, "out[0]", q_out);
+        call_arrays.k_out = output(4, "out[1]", k_out);
+    }
+    CallOptions options{backend_name, packed ? std::string_view("thd") : std::string_view(layout_name), offset, 1, 0, 0, false, bfloat16_bits & 15};
+    if (packed) options.bfloat16_bits = bit(6) ? 3 : 0;
+    Call call = prepare_call(config, call_arrays, options);
+
+    rope::QkNormArgs args;
+    if (packed) {
+        args = rope::QkNormArgs::packed(buffer);
+        if (const Array* v = output(5, "v_out", v_out)) args.v_out = tensor_view("v_out", *v, rope::Layout::thd, bit(7));
+    } else {
+        if (!v_out.is_none()) rope::fail("v_out", "set", "is only written with a qkv buffer");
+        args.q = call.args.q, args.k = call.args.k, args.q_out = call.args.q_out, args.k_out = call.args.k_out;
+    }
+    auto weight = [&](int slot, const char* name, nb::handle object, int weight_bit) {
+        if (object.is_none()) return rope::NormWeight{};
+        const Array& w = *input(slot, name, object);
+        if (w.ndim != 1 || (w.shape[0] > 1 && w.strides[0] != 1))
+            rope::fail(name, std::to_string(w.ndim) + "-D", "must be a contiguous 1-D array");
+        return rope::NormWeight{w.data, storage_type(name, w.dtype, bit(weight_bit)),
+                                placement_of(name, w.device_type, w.device_id).device, w.shape[0]};
+    };
+    args.q_weight = weight(4, "q_weight", q_weight, 4);
+    args.k_weight = weight(5, "k_weight", k_weight, 5);
+    args.kind = rope::parse_qk_norm_kind(kind);
+    args.rounding = rope::parse_qk_norm_rounding(rounding);
+    args.eps = eps;
+    args.positions = call.args.positions;
+    args.cos_sin_cache = call.args.cos_sin_cache;
+    args.stream = reinterpret_cast<void*>(stream);
+    CudaDeviceGuard device_guard(call.cuda_device);
+    nb::gil_scoped_release no_gil;
+    rope::apply_qk_norm(*call.backend, config, args);
 }
 
 // --- rerotate ----------------------------------------------------------------------------
@@ -364,6 +506,12 @@ NB_MODULE(_rope, m) {
           "bfloat16_bits"_a,
           "One rope::apply call on DLPack arrays (all positional; rope.apply is the documented entry point).");
 
+    m.def("append_kv", &rope_python::append_kv, "backend"_a, "config"_a, "q"_a.none(), "k"_a.none(), "v"_a.none(),
+          "q_out"_a.none(), "k_out"_a.none(), "offset"_a, "ids"_a.none(), "slot_mapping"_a.none(),
+          "k_cache"_a.none(), "v_cache"_a.none(), "k_scale"_a.none(), "v_scale"_a.none(), "kv_layout"_a,
+          "page_size"_a, "k_cache_dtype"_a, "v_cache_dtype"_a, "cos_sin_cache"_a.none(), "max_position"_a,
+          "stream"_a, "bfloat16_bits"_a,
+          "One rope::append_kv call on DLPack arrays (all positional; rope.append_kv is the documented entry point).");
     m.def("slot_mapping_from_flashinfer_indptr", &rope_python::slot_mapping_from_flashinfer_indptr,
           "append_indptr"_a, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "out"_a, "page_size"_a, "pages"_a,
           "stream"_a,
@@ -378,6 +526,11 @@ NB_MODULE(_rope, m) {
           "cache_seqlens"_a, "cu_seqlens_q"_a, "out"_a, "page_size"_a, "pages"_a, "stream"_a,
           "rope::slot_mapping_from_block_table on int64 DLPack arrays (rope.slot_mapping_from_block_table is the "
           "documented entry point).");
+    m.def("apply_qk_norm", &rope_python::apply_qk_norm, "backend"_a, "config"_a, "q"_a.none(), "k"_a.none(),
+          "q_out"_a.none(), "k_out"_a.none(), "qkv"_a.none(), "q_heads"_a, "kv_heads"_a, "v_out"_a.none(),
+          "q_weight"_a.none(), "k_weight"_a.none(), "kind"_a, "rounding"_a, "eps"_a, "layout"_a, "offset"_a,
+          "ids"_a.none(), "cos_sin_cache"_a.none(), "stream"_a, "bfloat16_bits"_a,
+          "One rope::apply_qk_norm call on DLPack arrays (rope.apply_qk_norm is the documented entry point).");
     m.def("rerotate", &rope_python::rerotate, "backend"_a, "config"_a, "k"_a.none(), "k_out"_a.none(), "layout"_a,
           "from_offset"_a, "from_ids"_a.none(), "from_max_position"_a, "to_offset"_a, "to_ids"_a.none(),
           "to_max_position"_a, "stream"_a, "bfloat16_bits"_a,

@@ -35,12 +35,12 @@ def test_stub_is_what_stubgen_makes_of_the_module(tmp_path):
 
 
 def public_functions():
-    functions = [rope.Config, rope.apply, rope.rerotate]
+    functions = [rope.Config, rope.apply, rope.append_kv, rope.apply_qk_norm, rope.apply_qk_norm_packed, rope.rerotate]
     try:
         from rope import ops
     except ImportError:
         return functions
-    return functions + [ops.rope, ops.rope_]
+    return functions + [ops.rope, ops.rope_, ops.append_kv_]
 
 
 @pytest.mark.parametrize("function", public_functions(), ids=lambda f: f.__qualname__)

@@ -352,6 +352,63 @@ def test_eager_rope_leaves_to_the_dispatcher_what_pytorch_must_see():
     assert torch.equal(q, q0)
 
 
+def test_eager_functional_rope_is_the_operator_without_the_dispatcher():
+    # rope.ops.rope in eager code calls rope._torch_ops.rope (python/torch_ops/eager.cpp) where
+    # autograd records nothing: new tensors holding the operator's results, q and k untouched,
+    # rope.Error for bad input. A call autograd must record, or a mode must see, goes through
+    # torch.ops.rope.apply (and its backward) as before.
+    if not CPP_EXPECTED or os.environ.get("ROPE_PYTHON_OPERATOR") == "1":
+        pytest.skip("rope/_torch_ops.so not loaded: rope has no C++ entry")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    config = rope.Config(head_dim=32, base=700.0, scaling={"rope_type": "yarn", "factor": 4.0,
+                                                           "original_max_position_embeddings": 64})
+    g = torch.Generator().manual_seed(13)
+    q, k = torch.randn(2, 4, 8, 32, generator=g), torch.randn(2, 2, 8, 32, generator=g)
+    q0, k0 = q.clone(), k.clone()
+    ids = torch.randint(0, 300, (2, 8), generator=g, dtype=torch.int32)
+    want_q, want_k = torch.ops.rope.apply(q, k, config.key, 0, ids, None, None, 1, 0, None, "bhsd", False,
+                                          "cpu-naive", 0)
+    assert not torch.equal(want_q, q0)
+    got_q, got_k = ops.rope(q, k, config, positions=ids, backend="cpu-naive")
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert torch.equal(q, q0) and torch.equal(k, k0)  # Only read.
+    got_q, got_k = ops.rope(q, None, config, positions=ids, backend="cpu-naive")
+    assert torch.equal(got_q, want_q) and got_k is None
+    with torch.inference_mode():
+        got_q, got_k = ops.rope(q, k, config, positions=ids, backend="cpu-naive")
+    assert got_q.is_inference() and torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+    calls = []
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Recording():
+        got_q, got_k = ops.rope(q, k, config, positions=ids, backend="cpu-naive")
+    assert any("rope.apply" in call for call in calls), calls
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    # Autograd: a tensor that requires grad gets its graph (the operator's backward) with grad mode
+    # on, and none without.
+    q_grad = q.clone().requires_grad_()
+    got_q, got_k = ops.rope(q_grad, k, config, positions=ids, backend="cpu-naive")
+    assert got_q.grad_fn is not None and torch.equal(got_q.detach(), want_q) and torch.equal(got_k, want_k)
+    got_q.backward(want_q)  # R^T R q = q, times yarn's attention factor squared.
+    factor = config.frequencies()[1]
+    assert torch.allclose(q_grad.grad, q * factor * factor, atol=1e-5)
+    with torch.no_grad():
+        got_q, _ = ops.rope(q_grad, k, config, positions=ids, backend="cpu-naive")
+    assert got_q.grad_fn is None and not got_q.requires_grad and torch.equal(got_q, want_q)
+    # Bad input: named, nothing written.
+    with pytest.raises(rope.Error, match=re.escape("positions = float32: must be integers")):
+        ops.rope(q, k, config, positions=ids.float())
+    with pytest.raises(rope.Error, match=re.escape("k heads = 3: must divide q heads = 4")):
+        ops.rope(q, k[:, :1].expand(2, 3, 8, 32), config)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
 def test_python_operator_still_works_where_the_library_is_not_used():
     # ROPE_PYTHON_OPERATOR=1 registers rope::apply_ with custom_op, as on a build without the
     # library: same schema, same results, opcheck passes.

@@ -1,5 +1,5 @@
-// rope._torch_ops.rope_: a fast way into the operator's kernel for plain eager
-// code, beside the operator (operator.cpp), not instead of it.
+// rope._torch_ops.rope_ and rope: fast ways into the operators' kernel for plain
+// eager code, beside the operators (operator.cpp), not instead of them.
 //
 // torch.ops.rope.apply_(...) parses its 14 arguments against the schema and
 // passes three dispatch keys (Autograd, ADInplaceOrView, then CPU or CUDA)
@@ -10,23 +10,30 @@
 // the same checks, messages and rope::apply call), on PyTorch's current
 // stream, and what the two dispatch keys would have done: nothing for Autograd
 // (apply_ is not differentiable), the version counters moved for
-// ADInplaceOrView.
+// ADInplaceOrView. rope.ops.rope does the same through rope below: the
+// functional operator's outputs made as its kernel makes them, then the same
+// kernel; its Autograd key is a Python function (register_autograd in
+// rope/ops.py), so this way saves the most, and it is taken only where that
+// function would record nothing (no tensor that requires grad, or grad mode off).
 //
-// rope_ declines (returns False, having read nothing but its arguments' types)
+// Both decline (rope_ returns False, rope None, having read nothing but the arguments)
 // where PyTorch must see the call: a torch-function or dispatch mode active, a
-// tensor subclass or a wrapped tensor (vmap, functionalization). It also
-// declines the argument forms that Python checks and converts first (positions
+// tensor subclass or a wrapped tensor (vmap, functionalization). They also
+// decline the argument forms that Python checks and converts first (positions
 // given as a list or a bool, an int beyond int64, a cp that is not a tuple of
-// two ints, ...). rope.ops.rope_ then calls the operator. Under torch.compile
-// rope_ is never called (rope.ops.rope_ checks torch.compiler.is_compiling()).
+// two ints, ...). rope.ops then calls the operator. Under torch.compile
+// neither is called (rope.ops checks torch.compiler.is_compiling()).
 //
 // The library is one file with operator.cpp: importing rope._torch_ops also
 // registers the operators with PyTorch (TORCH_LIBRARY runs when it is loaded).
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 #include <nanobind/nanobind.h>
 
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/core/InferenceMode.h>
 
 #include "operator.hpp"
@@ -53,7 +60,7 @@ void bump_version(const at::Tensor& tensor) {
     if (!c10::InferenceMode::is_enabled() && !tensor.is_inference()) tensor.unsafeGetTensorImpl()->bump_version();
 }
 
-// Each take_* reads one argument: false where rope_ declines the call (the general way takes it).
+// Each take_* reads one argument: false where the entries decline the call (the general way takes it).
 // A tensor argument (q, k, cu_seqlens, starts, cos_sin_cache): None, or a plain tensor.
 // Anything that is no torch.Tensor at all is an error naming the argument, as the operator's.
 bool take_tensor(const char* name, nb::handle object, const at::Tensor*& tensor) {
@@ -104,58 +111,110 @@ bool take_config(nb::handle config, nb::object& holder, std::string_view& key) {
     return take_text(holder, {}, key) && !key.empty();
 }
 
+// rope.ops.rope_'s and rope.ops.rope's arguments, as given, read into @p tensors and @p scalars:
+// false where the call must take the general way (nothing read but the arguments). @p key_holder
+// keeps the config's key alive while scalars.config points into it. Throws rope::Error for a bad call.
+bool take_call(nb::handle q, nb::handle k, nb::handle config, nb::handle positions, nb::handle layout,
+               nb::handle cu_seqlens, nb::handle starts, nb::handle cp, nb::handle cos_sin_cache, nb::handle inverse,
+               nb::handle backend, nb::handle max_position, CallTensors& tensors, CallScalars& scalars,
+               nb::object& key_holder) {
+    if (python_modes_active()) return false;
+    // The tensors are borrowed from the arguments, which live until the call returns.
+    if (!take_tensor("q", q, tensors.q) || !take_tensor("k", k, tensors.k)) return false;
+    if (tensors.q == nullptr) rope::fail("q", "None", "must be a torch.Tensor");
+    if (!take_config(config, key_holder, scalars.config)) return false;
+    // positions: None (from 0), an int offset, or a tensor of ids (other forms: converted in Python).
+    if (!positions.is_none() && !take_int(positions, scalars.offset)) {
+        const PythonTensor unpacked = unpack_tensor(positions.ptr());
+        if (unpacked.kind != PythonTensorKind::plain) return false;
+        tensors.ids = unpacked.tensor;
+    }
+    // The default layout: "thd" for a 3-dimensional (packed) q, else "bhsd", as rope.apply's.
+    if (!take_text(layout, tensors.q->dim() == 3 ? "thd" : "bhsd", scalars.layout)) return false;
+    if (!take_text(backend, "", scalars.backend)) return false;  // "": chosen by the tensors' device.
+    if (!cp.is_none() && !(PyTuple_CheckExact(cp.ptr()) && PyTuple_GET_SIZE(cp.ptr()) == 2 &&
+                           take_int(PyTuple_GET_ITEM(cp.ptr(), 0), scalars.cp_size) &&
+                           take_int(PyTuple_GET_ITEM(cp.ptr(), 1), scalars.cp_rank)))
+        return false;
+    if (!take_int(max_position, scalars.max_position)) return false;
+    const int inverse_value = PyObject_IsTrue(inverse.ptr());
+    if (inverse_value < 0) {
+        PyErr_Clear();
+        return false;
+    }
+    scalars.inverse = inverse_value != 0;
+    return take_tensor("cu_seqlens", cu_seqlens, tensors.cu_seqlens) && take_tensor("starts", starts, tensors.starts) &&
+           take_tensor("cos_sin_cache", cos_sin_cache, tensors.cos_sin_cache);
+}
+
+#if ROPE_TORCH_OPS_CUDA
+const Runner run = run_cuda;  // CUDA tensors on their device and stream; host tensors as run_host.
+#else
+const Runner run = run_host;
+#endif
+
+// rotate() with the GIL released: long host calls must not stall other Python threads (the
+// tensors are held by the call's arguments and outputs).
+void rotate_without_gil(const CallTensors& tensors, const CallScalars& scalars) {
+    nb::gil_scoped_release no_gil;
+    rotate(run, tensors, scalars);
+}
+
 // rope.ops.rope_'s arguments, as given: true when the call ran, false when it must take the
 // general way (nothing read but the arguments, nothing written). Raises rope.Error for a bad call.
 bool rope_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positions, nb::handle layout,
                 nb::handle cu_seqlens, nb::handle starts, nb::handle cp, nb::handle cos_sin_cache, nb::handle inverse,
                 nb::handle backend, nb::handle max_position) {
-#if ROPE_TORCH_OPS_CUDA
-    const Runner run = run_cuda;  // CUDA tensors on their device and stream; host tensors as run_host.
-#else
-    const Runner run = run_host;
-#endif
-    if (python_modes_active()) return false;
     try {
-        CallTensors tensors;  // Borrowed from the arguments, which live until the call returns.
-        if (!take_tensor("q", q, tensors.q) || !take_tensor("k", k, tensors.k)) return false;
-        if (tensors.q == nullptr) rope::fail("q", "None", "must be a torch.Tensor");
+        CallTensors tensors;
+        CallScalars scalars;
         nb::object key_holder;
-        std::string_view key;
-        if (!take_config(config, key_holder, key)) return false;
-        // positions: None (from 0), an int offset, or a tensor of ids (other forms: converted in Python).
-        int64_t offset = 0;
-        if (!positions.is_none() && !take_int(positions, offset)) {
-            const PythonTensor unpacked = unpack_tensor(positions.ptr());
-            if (unpacked.kind != PythonTensorKind::plain) return false;
-            tensors.ids = unpacked.tensor;
-        }
-        std::string_view layout_name, backend_name;
-        // The default layout: "thd" for a 3-dimensional (packed) q, else "bhsd", as rope.apply's.
-        if (!take_text(layout, tensors.q->dim() == 3 ? "thd" : "bhsd", layout_name)) return false;
-        if (!take_text(backend, "", backend_name)) return false;  // "": chosen by the tensors' device.
-        int64_t cp_size = 1, cp_rank = 0, max_position_value = 0;
-        if (!cp.is_none() && !(PyTuple_CheckExact(cp.ptr()) && PyTuple_GET_SIZE(cp.ptr()) == 2 &&
-                               take_int(PyTuple_GET_ITEM(cp.ptr(), 0), cp_size) &&
-                               take_int(PyTuple_GET_ITEM(cp.ptr(), 1), cp_rank)))
+        if (!take_call(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
+                       max_position, tensors, scalars, key_holder))
             return false;
-        if (!take_int(max_position, max_position_value)) return false;
-        const int inverse_value = PyObject_IsTrue(inverse.ptr());
-        if (inverse_value < 0) {
-            PyErr_Clear();
-            return false;
-        }
-        if (!take_tensor("cu_seqlens", cu_seqlens, tensors.cu_seqlens) || !take_tensor("starts", starts, tensors.starts) ||
-            !take_tensor("cos_sin_cache", cos_sin_cache, tensors.cos_sin_cache))
-            return false;
-        {
-            // Long host calls must not stall other Python threads; the tensors are held above.
-            nb::gil_scoped_release no_gil;
-            rotate(run, tensors,
-                   {key, offset, cp_size, cp_rank, layout_name, inverse_value != 0, backend_name, max_position_value});
-        }
+        rotate_without_gil(tensors, scalars);
         bump_version(*tensors.q);
         if (tensors.k != nullptr) bump_version(*tensors.k);
         return true;
+    } catch (const rope::Error& error) {
+        raise_rope_error(error);
+    }
+}
+
+bool records_grad(const at::Tensor* tensor) { return tensor != nullptr && tensor->requires_grad(); }
+
+// rope.ops.rope's arguments, as given: (q_rotated, k_rotated or None), new tensors, when the call
+// ran; None when it must take the general way. That includes every call autograd must record (a
+// tensor that requires grad, grad mode on): only the operator's autograd kernel builds the graph;
+// without one, the Autograd dispatch key does nothing for the functional operator.
+nb::object rope_functional_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positions,
+                                 nb::handle layout, nb::handle cu_seqlens, nb::handle starts, nb::handle cp,
+                                 nb::handle cos_sin_cache, nb::handle inverse, nb::handle backend,
+                                 nb::handle max_position) {
+    try {
+        CallTensors tensors;
+        CallScalars scalars;
+        nb::object key_holder;
+        if (!take_call(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
+                       max_position, tensors, scalars, key_holder))
+            return nb::none();
+        if (at::GradMode::is_enabled() &&
+            (records_grad(tensors.q) || records_grad(tensors.k) || records_grad(tensors.cos_sin_cache)))
+            return nb::none();
+        // The operator's outputs (outputs_like): empty tensors like q and k, written by the call.
+        at::Tensor q_out = at::empty_like(*tensors.q), k_out;
+        tensors.q_out = &q_out;
+        if (tensors.k != nullptr) {
+            k_out = at::empty_like(*tensors.k);
+            tensors.k_out = &k_out;
+        }
+        rotate_without_gil(tensors, scalars);
+        nb::object q_object = nb::steal(wrap_tensor(std::move(q_out)));
+        if (!q_object.is_valid()) throw nb::python_error();
+        if (tensors.k == nullptr) return nb::make_tuple(q_object, nb::none());
+        nb::object k_object = nb::steal(wrap_tensor(std::move(k_out)));
+        if (!k_object.is_valid()) throw nb::python_error();
+        return nb::make_tuple(q_object, k_object);
     } catch (const rope::Error& error) {
         raise_rope_error(error);
     }
@@ -173,4 +232,10 @@ NB_MODULE(_torch_ops, m) {
           "rope.ops.rope_'s arguments (q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, "
           "inverse, backend, max_position): runs the operator's kernel without PyTorch's dispatcher and returns "
           "True, or returns False having done nothing where PyTorch must see the call; raises rope.Error.");
+    m.def("rope", &rope_torch::rope_functional_eager, "q"_a.none(), "k"_a.none(), "config"_a.none(),
+          "positions"_a.none(), "layout"_a.none(), "cu_seqlens"_a.none(), "starts"_a.none(), "cp"_a.none(),
+          "cos_sin_cache"_a.none(), "inverse"_a.none(), "backend"_a.none(), "max_position"_a.none(),
+          "rope.ops.rope's arguments, as rope_'s: runs the functional operator's kernel without PyTorch's "
+          "dispatcher and returns (q_rotated, k_rotated or None), or returns None having done nothing where "
+          "PyTorch must see the call (autograd among them); raises rope.Error.");
 }

@@ -2,6 +2,8 @@
 // the function every PyTorch binding uses), a pointer read, no copy.
 #include "python_tensor.hpp"
 
+#include <utility>
+
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -23,6 +25,8 @@ PythonTensor unpack_tensor(PyObject* object) {
     if (tensor.key_set().has_any(wrapped)) return {PythonTensorKind::dispatched};
     return {PythonTensorKind::plain, &tensor};
 }
+
+PyObject* wrap_tensor(at::Tensor tensor) { return THPVariable_Wrap(std::move(tensor)); }
 
 bool python_modes_active() {
     return at::impl::torch_function_mode_enabled() || c10::impl::TorchDispatchModeTLS::stack_len() > 0;

@@ -31,6 +31,9 @@ struct PythonTensor {
 /// What @p object is: pointer reads, no reference taken.
 PythonTensor unpack_tensor(PyObject* object);
 
+/// A new Python torch.Tensor object for @p tensor (a new reference; PyTorch's THPVariable_Wrap).
+PyObject* wrap_tensor(at::Tensor tensor);
+
 /// True when a torch-function mode or a dispatch mode is active on this thread (they see every
 /// operator call, so a call that skips the dispatcher would hide from them).
 bool python_modes_active();

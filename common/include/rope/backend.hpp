@@ -17,6 +17,7 @@
 namespace rope {
 
 struct Plan;  // A validated call (rope/detail/plan.hpp): what backends run, built by rope::apply().
+struct QkNormPlan;  // A validated fused QK-norm + RoPE call (rope/detail/qk_norm_plan.hpp), built by apply_qk_norm().
 struct KvAppendPlan;  // A validated RoPE + KV append (rope/detail/kv_append_plan.hpp), built by rope::append_kv().
 
 /// @brief What a backend can run, declared once; rope::apply() checks every call against it.
@@ -58,6 +59,10 @@ public:
     /// without synchronising.
     /// @param plan a validated, non-empty call, built by make_plan() for this backend's device().
     virtual void run(const Plan& plan) = 0;
+    /// @brief Executes a fused QK-norm + RoPE call (rope/qk_norm.hpp); as run(), on plan.rope.stream.
+    /// The built-in backends all override it; the default refuses (a rope::Error naming the backend).
+    /// @param plan a validated, non-empty call, built by make_qk_norm_plan() for this backend's device().
+    virtual void run_qk_norm(const QkNormPlan& plan);
     /// @brief Executes a RoPE + KV append (rope::append_kv). Device backends enqueue on
     /// plan.rope.stream and return without synchronising. Every built-in backend overrides it;
     /// the default refuses the call with a rope::Error naming the backend.
@@ -94,7 +99,9 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
 
 /// @brief Validates the call and runs it on @p backend: the library's main entry point.
 ///
-/// An empty tensor is a valid no-op. On error nothing is written.
+/// An empty tensor is a valid no-op. On error nothing is written. The frequency table of
+/// @p config is built on its first call and kept for the calls that follow (a bounded cache
+/// shared by all threads; see the concurrency section of the API guide).
 /// @param backend the backend that runs the call; its device() must be where the tensors live.
 /// @param config the model's RoPE: pairing style, dimensions, base and scaling.
 /// @param args the tensors, positions, direction and stream of this call.

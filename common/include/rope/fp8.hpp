@@ -188,9 +188,13 @@ ROPE_HOST_DEVICE inline float fp8_to_float(uint8_t code, Fp8Format format) {
 /// @param value the float32 value (rope's rotated result, never first rounded to the model's dtype).
 /// @param scale the dequantisation scale.
 /// @param format the FP8 format.
-/// @return float_to_fp8(value / scale, format).
+/// @return float_to_fp8(value / scale, format); a NaN quotient gives the NaN code with the sign of @p value.
 ROPE_HOST_DEVICE inline uint8_t quantize_fp8(float value, float scale, Fp8Format format) {
-    return float_to_fp8(value / scale, format);
+    const float quotient = value / scale;
+    // A NaN quotient keeps the sign of the value: a CPU carries a NaN operand's sign through the
+    // division, a GPU returns its own positive NaN, and every backend must write the same code.
+    if (quotient != quotient) return float_to_fp8(bits_to_float((float_bits(value) & 0x80000000u) | 0x7fc00000u), format);
+    return float_to_fp8(quotient, format);
 }
 
 }  // namespace rope

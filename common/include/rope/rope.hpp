@@ -25,6 +25,7 @@
 #include "rope/kv_append.hpp"
 #include "rope/position_ids.hpp"
 #include "rope/positions.hpp"
+#include "rope/qk_norm.hpp"
 #include "rope/rerotate.hpp"
 #include "rope/rotation.hpp"
 #include "rope/slot_mapping.hpp"

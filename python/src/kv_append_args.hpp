@@ -1,0 +1,57 @@
+#pragma once
+// From arrays as DLPack describes them to one rope::append_kv call (RoPE fused with
+// the paged KV-cache append): shared, as call_args.hpp is for rope::apply, by the
+// nanobind module (rope.append_kv) and the PyTorch operator (torch.ops.rope.append_kv_).
+//
+// q, k, q_out, k_out, the positions and the cos/sin table go through prepare_call
+// (call_args.hpp), so they are checked and named exactly as rope.apply's; what is
+// added here is v, the slot mapping, and the caches: each cache is an array
+// indexed (page, slot in page, head, feature) with any strides (NHD, a permuted
+// HND tensor, one half of a packed [K|V] buffer), or (page, slot, feature) for a
+// single-head cache (the two halves of an MLA buffer).
+#include <cstdint>
+#include <string_view>
+
+#include <rope/kv_append.hpp>
+
+#include "call_args.hpp"
+
+namespace rope_python {
+
+/// The arrays of one append call; null stands for None.
+struct KvAppendArrays {
+    CallArrays rope;  ///< q, k (required), q_out/k_out (both or neither), ids, cos_sin_cache.
+    const Array* v = nullptr;
+    const Array* slot_mapping = nullptr;
+    const Array* k_cache = nullptr;
+    const Array* v_cache = nullptr;
+    const Array* k_scale = nullptr;  ///< FP8 k cache: float32 [1] or [heads] dequantisation scales.
+    const Array* v_scale = nullptr;
+};
+
+/// The scalar arguments of an append call.
+struct KvAppendOptions {
+    CallOptions rope;  ///< Backend, offset, max_position, bfloat16 bits 0-3 (layout is always thd).
+    std::string_view kv_layout = "nhd";  ///< "nhd": 4-D caches are (page, slot, head, dim); "hnd": (page, head, slot, dim).
+    int64_t page_size = 0;               ///< 0: from the caches' shape; else must equal it.
+    std::string_view k_cache_dtype;      ///< "" (the array's dtype), "e4m3fn" or "e5m2" (uint8 arrays).
+    std::string_view v_cache_dtype;
+    int bfloat16_bits = 0;  ///< Bit 0 v, 1 k_cache, 2 v_cache hold bfloat16 as uint16.
+};
+
+/// What rope::append_kv needs, checked (stream unset), and the CUDA device of the call (-1 if none).
+struct KvAppendCall {
+    rope::Backend* backend = nullptr;
+    rope::KvAppendArgs args;
+    int cuda_device = -1;
+};
+
+/// rope::CacheDType of a name: "" or "model" (the model's dtype), "e4m3fn", "e5m2"; else rope::Error naming @p name.
+rope::CacheDType cache_dtype_named(std::string_view name, std::string_view value);
+
+/// Checks the arrays of one append call and assembles it; throws rope::Error naming the first
+/// bad argument (rope::append_kv checks the rest: slots, overlaps, scales' values).
+KvAppendCall prepare_kv_append(const rope::RopeConfig& config, const KvAppendArrays& arrays,
+                               const KvAppendOptions& options);
+
+}  // namespace rope_python
