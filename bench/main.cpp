@@ -557,6 +557,7 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
         shape_row.position_offset = options.position_offset;
         shape_row.form = form.name;
         shape_row.form_detail = form.detail;
+        if (options.op == "append") shape_row.cache_dtype = rope::cache_dtype_name(options.cache_dtype);
         std::map<rope::Device, std::unique_ptr<Workload>> workloads;  // Built on first use.
 #if ROPE_BENCH_CUDA
         std::unique_ptr<AppendWorkload> append;  // --op append: built on first use.
