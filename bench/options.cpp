@@ -31,12 +31,18 @@ Position forms (each measured against a copy of the same q and k bytes):
   axial     --axial S,S[,S]: the coordinates of a patch grid, S pairs per axis
   table     --table: a [max_position, rotary_dim] float32 cos/sin table built from rope's own
             frequencies, passed as RopeArgs::cos_sin_cache
+RoPE + KV append (--op append, CUDA backends, thd layout: B sequences of N new tokens each):
+  append    the fused call (rope::append_kv) into paged NHD k and v caches of --page-size slots
+            (default 16), pages in a random order, each sequence after [0, --context) cached tokens;
+            unfused: the backend's RoPE call, then a plain scatter of k and v into the same slots;
+            both against a copy of the bytes the fused call moves; --cache model|e4m3fn|e5m2
 Bounds (beyond them an option is refused before any work): the ranges above; each of B, H, N, D from 1
   to 2^31-1; q and k of one shape at most 2^34 elements; --table at most 2^24 rows (the position offset
   plus the tokens times --cp SIZE); a --packed total or list adds up to the shape's B x N tokens.
 Examples:
   rope-bench --backend cpu-naive --shape 1,4,64,64 --reps 3
   rope-bench --backend cuda-optimized --shape 1,32,32768,128 --kv-heads 8 --dtype bf16 --packed 1..8192:32768 --runs 3
+  rope-bench --backend cuda-optimized --op append --shape 64,32,1,128 --kv-heads 8 --dtype bf16 --graph
 )";
 
 // A comma-separated list of non-negative integers, e.g. "1,32,4096,128".
@@ -178,6 +184,19 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_flag("--ids", options.ids, "plain positions as an int64 ids tensor [N] shared by the batch")
         ->excludes(mrope_option)
         ->excludes("--axial");
+    std::string cache = "model";
+    CLI::Option* op_option = app.add_option("--op", options.op, "rope (default) or append (RoPE + KV append)")
+                                 ->check(CLI::IsMember({"rope", "append"}));
+    app.add_option("--page-size", options.page_size, "--op append: slots per cache page (default 16)")
+        ->check(within(1, kMaxPageSize))
+        ->needs(op_option);
+    app.add_option("--context", options.context, "--op append: cached tokens per sequence drawn from [0, C) "
+                                                 "(default 2048)")
+        ->check(within(1, kMaxContext))
+        ->needs(op_option);
+    app.add_option("--cache", cache, "--op append: what the caches store: model, e4m3fn or e5m2 (default model)")
+        ->check(CLI::IsMember({"model", "e4m3fn", "e5m2"}))
+        ->needs(op_option);
     app.add_option("--format", options.format, "table or csv (default table)")
         ->check(CLI::IsMember({"table", "csv"}));
 
@@ -198,6 +217,16 @@ Options parse_options(int argc, const char* const* argv) {
     options.style = rope::parse_style(style);
     options.layout = rope::parse_layout(layout);
     options.in_place = placement == "in";
+    options.cache_dtype = cache == "model"    ? rope::CacheDType::model
+                          : cache == "e4m3fn" ? rope::CacheDType::e4m3fn
+                                              : rope::CacheDType::e5m2;
+    if (options.op == "append") {  // [tokens, heads, head_dim] tensors, as rope::append_kv takes them.
+        if (layout_option->count() > 0 && options.layout != rope::Layout::thd)
+            throw UsageError("--layout " + layout + ": --op append takes thd ([tokens, heads, head_dim]) only");
+        if (cp.first > 1)
+            throw UsageError("--cp: --op append measures unsharded sequences only");
+        options.layout = rope::Layout::thd;
+    }
     if (options.backends.empty() || std::count(options.backends.begin(), options.backends.end(), "all") > 0)
         options.backends.assign(backend_names.begin() + 1, backend_names.end());
     for (const std::string& text : shape_texts) options.shapes.push_back(parse_shape(text));

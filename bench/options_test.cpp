@@ -44,6 +44,9 @@ TEST_CASE("defaults, and options read as written") {
     CHECK(parse({"--mrope", "interleaved", "--sections", "24,20,20"}).sections == std::vector<int64_t>{24, 20, 20});
     CHECK(parse({"--axial", "8,28,28"}).multi_axis == rope::AxisAssignment::axial);
     CHECK(parse({"--help"}).help);
+    const rope_bench::Options append = parse({"--op", "append", "--page-size", "32", "--cache", "e5m2"});
+    CHECK((append.op == "append" && append.layout == rope::Layout::thd && append.page_size == 32 &&
+           append.cache_dtype == rope::CacheDType::e5m2 && append.context == 2048));
 }
 
 // Every option with a number or a name: accepted at its bounds (options.hpp), refused beyond them at once, the
@@ -96,6 +99,16 @@ TEST_CASE("the table of accepted and refused options") {
         {{"--dtype", "fp64"}, "--dtype: fp64 not in"},
         {{"--format", "xml"}, "--format: xml not in"},
         {{"--no-such-option"}, "--no-such-option"},
+        {{"--op", "append", "--page-size", "65536", "--context", "1048576", "--cache", "e4m3fn"}, ""},
+        {{"--op", "fuse"}, "--op: fuse not in"},
+        {{"--op", "append", "--page-size", "0"}, "--page-size: must be a number from 1 to 65536, got 0"},
+        {{"--op", "append", "--page-size", "1e9"}, "--page-size: must be a number from 1 to 65536, got 1e9"},
+        {{"--op", "append", "--context", "0"}, "--context: must be a number from 1 to 1048576, got 0"},
+        {{"--op", "append", "--context", "2e6"}, "--context: must be a number from 1 to 1048576, got 2e6"},
+        {{"--op", "append", "--cache", "int8"}, "--cache: int8 not in"},
+        {{"--page-size", "16"}, "--page-size requires --op"},
+        {{"--op", "append", "--layout", "bshd"}, "--layout bshd: --op append takes thd"},
+        {{"--op", "append", "--cp", "2,0"}, "--cp: --op append measures unsharded sequences only"},
     };
     for (const auto& [arguments, refusal] : table) {
         std::string line;

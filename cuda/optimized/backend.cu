@@ -5,7 +5,8 @@
 // thread does before and around its first loads in prologue.cuh; what the
 // launch knows about the device in device_launch.cuh; how a thread touches its
 // chunk of a row (16-byte vectors, or the generic strided fallback) in
-// row_access.cuh and vector_layout.hpp. This file is the backend: it decides
+// row_access.cuh and vector_layout.hpp; RoPE fused with the KV-cache append
+// in kv_append.cu. This file is the backend: it decides
 // the regime of a call, once, and picks for it the access path, the batching
 // of loads, the launch shape and the capacity of the angle arguments, and
 // launches. The choices are the fastest of the lab's sweep: bench/tune.cu
@@ -15,7 +16,7 @@
 
 #include "check.hpp"
 #include "kernel_args.cuh"
-#include "kv_append_generic.hpp"
+#include "kv_append.cuh"
 #include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/qk_norm_plan.hpp"
@@ -99,8 +100,10 @@ public:
                 launch_for_plan<Storage, int(kMaxPairs)>(plan, device);
         });
     }
-    // RoPE + KV append: the generic kernel (kv_append_generic.cu) until this backend has its own.
-    void run_kv_append(const KvAppendPlan& plan) override { launch_kv_append_generic(plan); }
+    // RoPE + KV append: its own 16-byte kernel (kv_append.cu), the generic one for other views.
+    void run_kv_append(const KvAppendPlan& plan) override {
+        launch_kv_append_optimized(plan, current_device_info());
+    }
 
 private:
     // The current device's SM count and capabilities: attribute queries, which
