@@ -97,6 +97,8 @@ public:
     }
     // RoPE + KV append: the generic kernel (kv_append_generic.cu) until this backend has its own.
     void run_kv_append(const KvAppendPlan& plan) override { launch_kv_append_generic(plan); }
+    // Re-rotation of cached keys: the kernel cuda-naive runs (rerotate_cache.cu).
+    void run_rerotate_cache(const KvAppendPlan& plan) override { launch_rerotate_cache(plan); }
 
 private:
     // The current device's SM count and capabilities: attribute queries, which
