@@ -113,8 +113,9 @@ void run(rope::Backend& backend, CacheCase& c) {
         rope::rerotate_cache(backend, c.config, c.args());
         return;
     }
-    rope::Buffer memory(rope::Device::cuda, c.memory.bytes()), slots(rope::Device::cuda, c.slots.size() * 8 + 8),
-        from(rope::Device::cuda, c.from.size() * 8 + 8), to(rope::Device::cuda, c.to.size() * 8 + 8);
+    // copy_from_host copies a whole buffer: each is exactly its host array's size (all non-empty here).
+    rope::Buffer memory(rope::Device::cuda, c.memory.bytes()), slots(rope::Device::cuda, c.slots.size() * 8),
+        from(rope::Device::cuda, c.from.size() * 8), to(rope::Device::cuda, c.to.size() * 8);
     memory.copy_from_host(c.memory.storage.data());
     slots.copy_from_host(c.slots.data());
     from.copy_from_host(c.from.data());
