@@ -404,6 +404,10 @@ void rerotate_cache(const std::string& backend_name, const rope::RopeConfig& con
     const InputArray slots_array = import_input("slot_mapping", slot_mapping);
     const Array cache = array_of(cache_array);
     const IndexArray slots = index_array("slot_mapping", array_of(slots_array), 1);
+    if (cache.dtype.code == uint8_t(dlpack::Code::UInt) && cache.dtype.bits == 8)
+        rope::fail("k_cache.dtype", "uint8",
+                   "FP8 caches are refused: turning one would dequantise and quantise again, rounding twice "
+                   "(re-rotate keys while they are in the model dtype)");
     KvAppendOptions options;
     options.kv_layout = kv_layout;
     const bool bfloat16 = (bfloat16_bits & 1) != 0;

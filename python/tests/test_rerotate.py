@@ -144,5 +144,8 @@ def test_cache_bad_slots_are_named_and_nothing_is_written(backend):
         with pytest.raises(rope.Error, match=message.replace("[", r"\[").replace("]", r"\]")):
             rope.rerotate_cache(cache, config, np.array(slots, dtype=np.int64), 0, [7, 8, 9], backend=backend)
         assert np.array_equal(cache, before)
+    with pytest.raises(rope.Error, match="k_cache.dtype = uint8"):  # FP8 codes: refused, never rounded twice
+        rope.rerotate_cache(np.zeros((3, 4, 1, 16), dtype=np.uint8), config, np.array([0], dtype=np.int64), 0, [1],
+                            backend=backend)
     with pytest.raises(rope.Error, match="to.length"):
         rope.rerotate_cache(cache, config, np.array([0, 1], dtype=np.int64), 0, [7, 8, 9], backend=backend)
