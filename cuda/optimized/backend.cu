@@ -21,6 +21,7 @@
 #include "rope/detail/qk_norm_plan.hpp"
 #include "device_launch.cuh"
 #include "row_access.cuh"
+#include "to_half.hpp"
 #include "unit_kernel.cuh"
 
 namespace rope {
@@ -86,6 +87,9 @@ public:
     void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cuda_optimized(plan); }  // qk_norm.cu
     void run(const Plan& plan) override {
         check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
+        // HF's DeepSeek order: the shared kernel of its own (to_half.cu), which reads a row's window
+        // whole before writing it; the unit kernel's instantiations for the other styles stay as they are.
+        if (reorders(plan.style)) return launch_to_half(plan);
         const DeviceInfo device = current_device_info();
         dispatch_dtype(plan.dtype, [&](auto storage) {
             using Storage = decltype(storage);
