@@ -131,8 +131,9 @@ void append_rows(const KvAppendPlan& plan) {
 // every head h of the slot and every pair i:
 //   delta = to[t] - from[t] on pair i's axis                (PositionSource::at, relative)
 //   (cos, sin) of the precise angle of delta, unscaled      (rotation_factors)
-//   the pair of cache row (slot, h), turned in place        (rotate_pair)
-// Features past rotary_dim, and rows no slot names, are not touched.
+//   the pair of cache row (slot, h), turned in place        (rotate_pair; the pairs of the
+//                                                            window from rotary_offset on)
+// Features outside the rotary window, and rows no slot names, are not touched.
 template <typename Storage>
 void rerotate_cache_rows(const KvAppendPlan& plan, int64_t first, int64_t last) {
     const Plan& rope = plan.rope;
@@ -141,7 +142,7 @@ void rerotate_cache_rows(const KvAppendPlan& plan, int64_t first, int64_t last) 
         const int64_t slot = plan.slot_of(t);
         if (slot < 0) continue;  // Padding, or a slot past the cache.
         for (int64_t h = 0; h < plan.k_cache.heads; ++h) {
-            Storage* const row = cache + plan.k_cache.row_offset(slot, plan.page_size, h);
+            Storage* const row = cache + plan.k_cache.row_offset(slot, plan.page_size, h) + rope.rotary_offset;
             for (int64_t i = 0; i < rope.pairs; ++i) {
                 float cos_angle, sin_angle;
                 rotation_factors(rope.angles, rope.positions.at(0, t, rope.angles.pair_axis[size_t(i)]), i, cos_angle,

@@ -4,7 +4,8 @@
 //
 // Thread `item` takes entry t = item / (heads * pairs), head h and pair i; when the
 // entry's slot lies in [0, pages * page_size) it turns that pair of the slot's row
-// in place by the precise angle of to[t] - from[t] (PositionSource::at, relative).
+// in place by the precise angle of to[t] - from[t] (PositionSource::at, relative);
+// the pairs lie in the rotary window, from rotary_offset on.
 // A slot outside that range (padding, or a device slot validation could not read)
 // writes nothing. Every offset is int64.
 #include <climits>
@@ -25,7 +26,7 @@ struct RerotateCacheArgs {
     PositionSource positions;
     AngleArgs<kMaxPairs> angles;
     Style style;
-    int64_t rotary_dim, pairs, heads;
+    int64_t rotary_offset, rotary_dim, pairs, heads;  // rotary_offset: the window's first feature.
     int64_t total;  // entries * heads * pairs
     const int64_t* slots;
     int64_t slot_count, page_size, slot_limit;
@@ -41,7 +42,8 @@ __global__ void rerotate_cache_kernel(const __grid_constant__ RerotateCacheArgs 
         const int64_t slot = args.slots[t];
         if (slot < 0 || slot >= args.slot_limit) continue;
         const int64_t h = (item / args.pairs) % args.heads, i = item % args.pairs;
-        Storage* const row = static_cast<Storage*>(args.cache.data) + args.cache.row_offset(slot, args.page_size, h);
+        Storage* const row =
+            static_cast<Storage*>(args.cache.data) + args.cache.row_offset(slot, args.page_size, h) + args.rotary_offset;
         float cos_angle, sin_angle;
         rotation_factors(args.angles, args.positions.at(0, t, args.angles.pair_axis[i]), i, cos_angle, sin_angle);
         const PairIndex pair = pair_elements(args.style, args.rotary_dim, i);
@@ -66,6 +68,7 @@ void launch_rerotate_cache(const KvAppendPlan& plan) {
     args.positions = rope.positions;
     args.angles = make_angle_args<kMaxPairs>(rope);
     args.style = rope.style;
+    args.rotary_offset = rope.rotary_offset;
     args.rotary_dim = rope.rotary_dim;
     args.pairs = rope.pairs;
     args.heads = plan.k_cache.heads;

@@ -211,12 +211,23 @@ TEST_CASE_TEMPLATE_DEFINE("rerotate_cache: partial rotary, linear scaling, gaps 
 }
 TEST_CASE_TEMPLATE_APPLY(partial, AllBackends);
 
-TEST_CASE_TEMPLATE_DEFINE("rerotate_cache equals rope::rerotate of the gathered rows", B, equals_rerotate) {
+TEST_CASE_TEMPLATE_DEFINE("rerotate_cache equals rope::rerotate of the gathered rows (window, HF's DeepSeek order)", B,
+                          equals_rerotate) {
     auto backend = testing::backend_or_skip(B::name);
     if (!backend) return;
+    // A plain head; MLA's window (the last 16 of 48 features, as k_pe after the nope part);
+    // keys in HF's DeepSeek order, re-rotated where their pairs lie.
+    const std::vector<rope::RopeConfig> configs{
+        rope::RopeConfig{.head_dim = 32},
+        rope::RopeConfig{.head_dim = 48, .rotary_dim = 16, .rotary_offset = 32},
+        rope::RopeConfig{.head_dim = 32, .style = rope::Style::interleaved_to_half},
+    };
+    for (const rope::RopeConfig& config : configs)
     for (const rope::DType dtype : {rope::DType::f32, rope::DType::bf16}) {
         CAPTURE(rope::dtype_name(dtype));
-        const CacheCase before = make_case(rope::RopeConfig{.head_dim = 32}, dtype, true);
+        CAPTURE(config.rotary_offset);
+        CAPTURE(int(config.style));
+        const CacheCase before = make_case(config, dtype, true);
         CacheCase after = before;
         run(*backend, after);
         // The same rotation through rope::rerotate (on cpu-naive, the readable specification).
