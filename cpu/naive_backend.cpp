@@ -126,6 +126,38 @@ void append_rows(const KvAppendPlan& plan) {
     }
 }
 
+// Re-rotation of cached keys (rope::rerotate_cache). The lesson:
+// tutorials/17_rerotation/chapter.md. For every entry t with slot = slot_of(t) >= 0,
+// every head h of the slot and every pair i:
+//   delta = to[t] - from[t] on pair i's axis                (PositionSource::at, relative)
+//   (cos, sin) of the precise angle of delta, unscaled      (rotation_factors)
+//   the pair of cache row (slot, h), turned in place        (rotate_pair; the pairs of the
+//                                                            window from rotary_offset on)
+// Features outside the rotary window, and rows no slot names, are not touched.
+template <typename Storage>
+void rerotate_cache_rows(const KvAppendPlan& plan, int64_t first, int64_t last) {
+    const Plan& rope = plan.rope;
+    auto* cache = static_cast<Storage*>(plan.k_cache.data);
+    for (int64_t t = first; t < last; ++t) {
+        const int64_t slot = plan.slot_of(t);
+        if (slot < 0) continue;  // Padding, or a slot past the cache.
+        for (int64_t h = 0; h < plan.k_cache.heads; ++h) {
+            Storage* const row = cache + plan.k_cache.row_offset(slot, plan.page_size, h) + rope.rotary_offset;
+            for (int64_t i = 0; i < rope.pairs; ++i) {
+                float cos_angle, sin_angle;
+                rotation_factors(rope.angles, rope.positions.at(0, t, rope.angles.pair_axis[size_t(i)]), i, cos_angle,
+                                 sin_angle);
+                const PairIndex pair = pair_elements(rope.style, rope.rotary_dim, i);
+                float x = to_float(row[pair.first]);
+                float y = to_float(row[pair.second]);
+                rotate_pair(x, y, cos_angle, sin_angle);
+                row[pair.first] = from_float<Storage>(x);
+                row[pair.second] = from_float<Storage>(y);
+            }
+        }
+    }
+}
+
 class NaiveCpuBackend final : public Backend {
 public:
     std::string name() const override { return "cpu-naive"; }
@@ -141,9 +173,16 @@ public:
     void run_kv_append(const KvAppendPlan& plan) override {
         dispatch_dtype(plan.rope.dtype, [&](auto storage) { append_rows<decltype(storage)>(plan); });
     }
+    void run_rerotate_cache(const KvAppendPlan& plan) override {
+        detail::rerotate_cache_cpu(plan, 0, plan.tokens());
+    }
 };
 
 }  // namespace
+
+void detail::rerotate_cache_cpu(const KvAppendPlan& plan, int64_t first, int64_t last) {
+    dispatch_dtype(plan.rope.dtype, [&](auto storage) { rerotate_cache_rows<decltype(storage)>(plan, first, last); });
+}
 
 std::unique_ptr<Backend> make_cpu_naive_backend() { return std::make_unique<NaiveCpuBackend>(); }
 

@@ -14,4 +14,11 @@ namespace rope::cuda_detail {
 /// @throws rope::Error naming a pointer that is not memory of the current device, or a refused launch.
 void launch_kv_append_generic(const KvAppendPlan& plan);
 
+/// @brief Checks the pointers the re-rotation kernel dereferences (the positions, the slots,
+/// the cache), then launches it on plan.rope.stream without synchronising (rerotate_cache.cu):
+/// rope::rerotate_cache on both CUDA backends.
+/// @param plan a validated, non-empty plan for Device::cuda, built by rope::rerotate_cache.
+/// @throws rope::Error naming a pointer that is not memory of the current device, or a refused launch.
+void launch_rerotate_cache(const KvAppendPlan& plan);
+
 }  // namespace rope::cuda_detail

@@ -127,6 +127,8 @@ public:
     }
     // RoPE + KV append: the direct port of cpu-naive's loops (kv_append_generic.cu).
     void run_kv_append(const KvAppendPlan& plan) override { cuda_detail::launch_kv_append_generic(plan); }
+    // Re-rotation of cached keys: one thread per pair (rerotate_cache.cu).
+    void run_rerotate_cache(const KvAppendPlan& plan) override { cuda_detail::launch_rerotate_cache(plan); }
 };
 
 }  // namespace

@@ -120,7 +120,49 @@ std::array<Term, 3> row_terms(const PagedCache& cache, int64_t element) {
 }
 
 // Checks one cache on its own: sizes, strides, pointer, device, dtype, scales.
-void check_cache(std::string_view name, const PagedCache& cache, const Geometry& tensor, std::string_view tensor_name,
+Extent cache_extent(const PagedCache& cache, DType model) {
+    const int64_t last = (cache.pages - 1) * cache.stride_page + (cache.page_size - 1) * cache.stride_slot +
+                         (cache.heads - 1) * cache.stride_head + cache.head_dim;
+    return extent_of(cache.data, last * element_size(cache.dtype, model));
+}
+
+// Whether a row of the k cache and a row of the v cache share a byte, decided exactly
+// (not from their byte ranges, which interleave in a packed [K|V] buffer or an MLA cache).
+// Returns 1 when they do, 0 when they do not, -1 when the search gave up (pathological strides).
+int caches_collide(const PagedCache& k_cache, const PagedCache& v_cache, DType model) {
+    const int64_t k_element = element_size(k_cache.dtype, model), v_element = element_size(v_cache.dtype, model);
+    if (!overlaps(cache_extent(k_cache, model), cache_extent(v_cache, model))) return 0;
+    // e = (v row start) - (k row start) = origin + sum(v terms) - sum(k terms); the rows share a
+    // byte when -v_row_bytes < e < k_row_bytes. Equal strides of one axis become one term, the
+    // difference of the two indices, so a nesting layout keeps the search small.
+    WindowSearch search;
+    Wide origin = Wide(reinterpret_cast<uintptr_t>(v_cache.data)) - Wide(reinterpret_cast<uintptr_t>(k_cache.data));
+    const std::array<Term, 3> k_terms = row_terms(k_cache, k_element), v_terms = row_terms(v_cache, v_element);
+    for (int axis = 0; axis < 3; ++axis) {
+        if (k_terms[axis].coefficient == v_terms[axis].coefficient) {
+            // x_v - x_k in [-(k count - 1), v count - 1]: x in [0, k + v - 1) shifted by k count - 1.
+            search.terms.push_back({v_terms[axis].coefficient, k_terms[axis].count + v_terms[axis].count - 1, 0});
+            origin -= v_terms[axis].coefficient * (k_terms[axis].count - 1);
+        } else {
+            search.terms.push_back(v_terms[axis]);
+            search.terms.push_back({-k_terms[axis].coefficient, k_terms[axis].count, 0});
+        }
+    }
+    search.low = -Wide(v_cache.head_dim) * v_element;
+    search.high = Wide(k_cache.head_dim) * k_element;
+    return search.run(origin);
+}
+
+void check_feature_stride(std::string_view name, const TensorView& view) {
+    const Geometry g = view.geometry();
+    if (view.numel() != 0 && g.head_dim > 1 && g.stride_dim != 1)
+        fail(std::string(name) + " feature stride", g.stride_dim,
+             "must be 1: the head_dim axis of q, k, v, q_out and k_out is contiguous in this call");
+}
+
+}  // namespace
+
+void detail::check_cache(std::string_view name, const PagedCache& cache, const Geometry& tensor, std::string_view tensor_name,
                  DType model, Device device) {
     const auto field = [&](std::string_view what) { return std::string(name) + "." + std::string(what); };
     if (cache.device != device)
@@ -201,47 +243,29 @@ void check_cache(std::string_view name, const PagedCache& cache, const Geometry&
             fail(field("scale[" + std::to_string(i) + "]"), cache.scale[i], "must be finite and > 0");
 }
 
-Extent cache_extent(const PagedCache& cache, DType model) {
-    const int64_t last = (cache.pages - 1) * cache.stride_page + (cache.page_size - 1) * cache.stride_slot +
-                         (cache.heads - 1) * cache.stride_head + cache.head_dim;
-    return extent_of(cache.data, last * element_size(cache.dtype, model));
-}
 
-// Whether a row of the k cache and a row of the v cache share a byte, decided exactly
-// (not from their byte ranges, which interleave in a packed [K|V] buffer or an MLA cache).
-// Returns 1 when they do, 0 when they do not, -1 when the search gave up (pathological strides).
-int caches_collide(const PagedCache& k_cache, const PagedCache& v_cache, DType model) {
-    const int64_t k_element = element_size(k_cache.dtype, model), v_element = element_size(v_cache.dtype, model);
-    if (!overlaps(cache_extent(k_cache, model), cache_extent(v_cache, model))) return 0;
-    // e = (v row start) - (k row start) = origin + sum(v terms) - sum(k terms); the rows share a
-    // byte when -v_row_bytes < e < k_row_bytes. Equal strides of one axis become one term, the
-    // difference of the two indices, so a nesting layout keeps the search small.
-    WindowSearch search;
-    Wide origin = Wide(reinterpret_cast<uintptr_t>(v_cache.data)) - Wide(reinterpret_cast<uintptr_t>(k_cache.data));
-    const std::array<Term, 3> k_terms = row_terms(k_cache, k_element), v_terms = row_terms(v_cache, v_element);
-    for (int axis = 0; axis < 3; ++axis) {
-        if (k_terms[axis].coefficient == v_terms[axis].coefficient) {
-            // x_v - x_k in [-(k count - 1), v count - 1]: x in [0, k + v - 1) shifted by k count - 1.
-            search.terms.push_back({v_terms[axis].coefficient, k_terms[axis].count + v_terms[axis].count - 1, 0});
-            origin -= v_terms[axis].coefficient * (k_terms[axis].count - 1);
-        } else {
-            search.terms.push_back(v_terms[axis]);
-            search.terms.push_back({-k_terms[axis].coefficient, k_terms[axis].count, 0});
-        }
+void detail::check_host_slots(const SlotMapping& slots, int64_t slot_limit) {
+    if (slots.device != Device::host || slots.count <= 0) return;
+    std::vector<std::pair<int64_t, int64_t>> written;  // (slot, token)
+    for (int64_t t = 0; t < slots.count; ++t) {
+        const int64_t slot = slots.slots[t];
+        if (slot < 0) continue;  // Padding.
+        if (slot >= slot_limit)
+            fail("slot_mapping.slots[" + std::to_string(t) + "]", slot,
+                 "must be < pages * page_size = " + std::to_string(slot_limit) + " (or < 0: padding)");
+        written.push_back({slot, t});
     }
-    search.low = -Wide(v_cache.head_dim) * v_element;
-    search.high = Wide(k_cache.head_dim) * k_element;
-    return search.run(origin);
+    std::sort(written.begin(), written.end());
+    for (size_t i = 1; i < written.size(); ++i)
+        if (written[i].first == written[i - 1].first)
+            fail("slot_mapping.slots[" + std::to_string(written[i].second) + "]", written[i].first,
+                 "is also the slot of token " + std::to_string(written[i - 1].second) +
+                     " (each slot is written once per call)");
 }
 
-void check_feature_stride(std::string_view name, const TensorView& view) {
-    const Geometry g = view.geometry();
-    if (view.numel() != 0 && g.head_dim > 1 && g.stride_dim != 1)
-        fail(std::string(name) + " feature stride", g.stride_dim,
-             "must be 1: the head_dim axis of q, k, v, q_out and k_out is contiguous in this call");
+bool detail::cache_overlaps(const PagedCache& cache, DType model, const void* data, int64_t bytes) {
+    return overlaps(cache_extent(cache, model), extent_of(data, bytes));
 }
-
-}  // namespace
 
 KvAppendPlan make_kv_append_plan(const RopeConfig& config, const KvAppendArgs& args, Device device) {
     RopeArgs rope_args{args.q, args.k, args.q_out, args.k_out, args.positions, Direction::forward, args.stream,
@@ -304,8 +328,8 @@ KvAppendPlan make_kv_append_plan(const RopeConfig& config, const KvAppendArgs& a
         fail("slot_mapping.device", device_name(slots.device), "this backend runs on " + std::string(device_name(device)));
     if (tokens == 0) return plan;  // Nothing to rotate or write: a valid no-op.
 
-    check_cache("k_cache", args.k_cache, k, "k", model, device);
-    check_cache("v_cache", args.v_cache, v, "v", model, device);
+    detail::check_cache("k_cache", args.k_cache, k, "k", model, device);
+    detail::check_cache("v_cache", args.v_cache, v, "v", model, device);
     if (args.v_cache.pages != args.k_cache.pages)
         fail("v_cache.pages", args.v_cache.pages,
              "must equal k_cache.pages = " + std::to_string(args.k_cache.pages) + " (one slot names a row of each)");
@@ -344,23 +368,7 @@ KvAppendPlan make_kv_append_plan(const RopeConfig& config, const KvAppendArgs& a
 
     int64_t slot_limit = 0;
     __builtin_mul_overflow(args.k_cache.pages, args.k_cache.page_size, &slot_limit);  // Checked by check_cache.
-    if (slots.device == Device::host && slots.count > 0) {
-        std::vector<std::pair<int64_t, int64_t>> written;  // (slot, token)
-        for (int64_t t = 0; t < slots.count; ++t) {
-            const int64_t slot = slots.slots[t];
-            if (slot < 0) continue;  // Padding.
-            if (slot >= slot_limit)
-                fail("slot_mapping.slots[" + std::to_string(t) + "]", slot,
-                     "must be < pages * page_size = " + std::to_string(slot_limit) + " (or < 0: padding)");
-            written.push_back({slot, t});
-        }
-        std::sort(written.begin(), written.end());
-        for (size_t i = 1; i < written.size(); ++i)
-            if (written[i].first == written[i - 1].first)
-                fail("slot_mapping.slots[" + std::to_string(written[i].second) + "]", written[i].first,
-                     "is also the slot of token " + std::to_string(written[i - 1].second) +
-                         " (each slot is written once per call)");
-    }
+    detail::check_host_slots(slots, slot_limit);
 
     plan.v = args.v.data;
     plan.v_geometry = v;

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "rope/detail/kv_append_plan.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/error.hpp"
 
@@ -37,9 +38,8 @@ FrequencyTable agreed_frequencies(const RopeConfig& config, const detail::Positi
     return at_to;
 }
 
-}  // namespace
-
-void rerotate(Backend& backend, const RopeConfig& config, const RerotateArgs& args) {
+// The plan of a re-rotation of args.k (checked as rope::apply checks its keys).
+Plan rerotate_plan(Backend& backend, const RopeConfig& config, const RerotateArgs& args) {
     validate(config);
     const Geometry k = args.k.geometry();
     if (k.head_dim != config.head_dim)
@@ -73,7 +73,69 @@ void rerotate(Backend& backend, const RopeConfig& config, const RerotateArgs& ar
     plan.positions.relative = true;
     // Rotated keys carry the attention factor already: the difference rotation is unscaled.
     plan.angles.cos_scale = plan.angles.sin_scale = 1.0f;
-    detail::run_plan(backend, plan);
+    return plan;
+}
+
+}  // namespace
+
+void rerotate(Backend& backend, const RopeConfig& config, const RerotateArgs& args) {
+    detail::run_plan(backend, rerotate_plan(backend, config, args));
+}
+
+// The cache's re-rotation is planned as rope::rerotate of a [T, heads, head_dim]
+// tensor standing for the rows the slots name (its memory is never read: the
+// backends reach each row through its slot), so it takes rope::rerotate's
+// positions, angles and refusals unchanged; the cache and the slots are checked
+// as rope::append_kv checks them.
+void rerotate_cache(Backend& backend, const RopeConfig& config, const RerotateCacheArgs& args) {
+    validate(config);
+    const Device device = backend.device();
+    const PagedCache& cache = args.k_cache;
+    const SlotMapping& slots = args.slot_mapping;
+    if (cache.dtype != CacheDType::model)
+        fail("k_cache.dtype", cache_dtype_name(cache.dtype),
+             "must be model: an FP8 cache would be dequantised, turned and quantised again, rounding twice "
+             "(re-rotate keys while they are in the model dtype)");
+    if (args.dtype != DType::f32 && args.dtype != DType::f16 && args.dtype != DType::bf16)
+        fail("dtype", int(args.dtype), "must be fp32, fp16 or bf16");
+    if (slots.count < 0) fail("slot_mapping.count", slots.count, "must be >= 0");
+    if (slots.count > 0 && slots.slots == nullptr) fail("slot_mapping.slots", "null", "count > 0 needs the slots");
+    if (slots.count > 0 && slots.device != device)
+        fail("slot_mapping.device", device_name(slots.device), "this backend runs on " + std::string(device_name(device)));
+    const int64_t entries = slots.count;
+    Geometry rows{};
+    rows.heads = cache.heads;
+    rows.head_dim = config.head_dim;
+    detail::check_cache("k_cache", cache, rows, "config", args.dtype, device);
+    if (cache.heads < 1) fail("k_cache.heads", cache.heads, "must be >= 1");
+    if (detail::cache_overlaps(cache, args.dtype, slots.slots, entries * 8))
+        fail("k_cache.data", cache.data, "overlaps slot_mapping.slots (the cache is written while the slots are read)");
+    int64_t slot_limit = 0;
+    __builtin_mul_overflow(cache.pages, cache.page_size, &slot_limit);  // Checked by check_cache.
+    detail::check_host_slots(slots, slot_limit);
+
+    // The stand-in: dense [entries, heads, head_dim] at the cache's address (aligned,
+    // on its device), never dereferenced.
+    const TensorView stand_in = TensorView::contiguous(cache.data, args.dtype, device, Layout::thd,
+                                                       {entries, cache.heads, config.head_dim, 1});
+    KvAppendPlan plan;
+    plan.rope = rerotate_plan(backend, config, RerotateArgs{stand_in, stand_in, args.from, args.to, args.stream});
+    plan.slots = slots.slots;
+    plan.slot_count = entries;
+    plan.page_size = cache.page_size;
+    plan.slot_limit = slot_limit;
+    plan.k_cache = CacheTarget{cache.data,        cache.dtype,       cache.heads, cache.head_dim, cache.stride_page,
+                               cache.stride_slot, cache.stride_head, nullptr,     0};
+    const BackendLimits limits = backend.limits();
+    if (plan.rope.rotary_dim > limits.max_rotary_dim)
+        fail("rotary_dim", plan.rope.rotary_dim,
+             backend.name() + " accepts rotary_dim <= " + std::to_string(limits.max_rotary_dim));
+    if (plan.empty()) return;
+    backend.run_rerotate_cache(plan);
+}
+
+void Backend::run_rerotate_cache(const KvAppendPlan&) {
+    fail("backend", name(), "does not implement rope::rerotate_cache");
 }
 
 }  // namespace rope

@@ -115,6 +115,19 @@ public:
         dispatch_dtype(plan.rope.dtype, [&](auto storage) { append_typed<decltype(storage)>(plan); });
     }
 
+    // Re-rotation of cached keys: cpu-naive's loop, OpenMP threads over the entries
+    // (each entry's rows are its slot's own: host slots are checked distinct).
+    void run_rerotate_cache(const KvAppendPlan& plan) override {
+        const int64_t entries = plan.tokens();
+        const int64_t bytes = entries * plan.k_cache.heads * plan.rope.head_dim * 2 * int64_t(dtype_size(plan.rope.dtype));
+        const int team = int(std::clamp<int64_t>(bytes / kMinBytesPerThread, 1, std::min(thread_count(), entries)));
+#pragma omp parallel num_threads(team)
+        {
+            const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+            detail::rerotate_cache_cpu(plan, entries * me / threads, entries * (me + 1) / threads);
+        }
+    }
+
 private:
     // Threads for this call. Read on every call (not cached at construction)
     // so that 0 keeps following OMP_NUM_THREADS / omp_set_num_threads.

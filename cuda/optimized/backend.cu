@@ -104,6 +104,8 @@ public:
     void run_kv_append(const KvAppendPlan& plan) override {
         launch_kv_append_optimized(plan, current_device_info());
     }
+    // Re-rotation of cached keys: the kernel cuda-naive runs (rerotate_cache.cu).
+    void run_rerotate_cache(const KvAppendPlan& plan) override { launch_rerotate_cache(plan); }
 
 private:
     // The current device's SM count and capabilities: attribute queries, which

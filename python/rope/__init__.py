@@ -29,13 +29,13 @@ from ._config import Config
 from ._qk_norm import apply_qk_norm, apply_qk_norm_packed
 from ._slot_mapping import (slot_mapping_from_block_table, slot_mapping_from_flashinfer_indptr,
                             slot_mapping_from_flashinfer_positions)
-from ._rerotate import rerotate
+from ._rerotate import rerotate, rerotate_cache
 
 Error = _rope.Error
 BackendInfo = _rope.BackendInfo
 
 __all__ = ["Config", "Error", "BackendInfo", "apply", "append_kv", "apply_qk_norm", "apply_qk_norm_packed",
-           "rerotate", "list_backends",
+           "rerotate", "rerotate_cache", "list_backends",
            "slot_mapping_from_flashinfer_indptr", "slot_mapping_from_flashinfer_positions",
            "slot_mapping_from_block_table", "ops", "hf"]
 __version__ = "0.1.0"

@@ -303,3 +303,8 @@ def rerotate(backend: str, config: RopeConfig, k: object | None, k_out: object |
     """
     One rope::rerotate call on DLPack arrays (all positional; rope.rerotate is the documented entry point).
     """
+
+def rerotate_cache(backend: str, config: RopeConfig, k_cache: object | None, slot_mapping: object | None, kv_layout: str, from_offset: int, from_ids: object | None, from_max_position: int, to_offset: int, to_ids: object | None, to_max_position: int, stream: int, bfloat16_bits: int) -> None:
+    """
+    One rope::rerotate_cache call on DLPack arrays (all positional; rope.rerotate_cache is the documented entry point).
+    """

@@ -16,6 +16,27 @@ void check_device(std::string_view name, const Array& array, int& cuda_device) {
                    "must be on the CUDA device of q (cuda:" + std::to_string(cuda_device) + ")");
 }
 
+// FP8 dequantisation scales: float32, [1] (per tensor) or [heads] (per head), contiguous.
+void attach_scale(const char* name, const Array* array, rope::PagedCache& cache, int& cuda_device) {
+    if (cache.dtype == rope::CacheDType::model) {
+        if (array != nullptr)
+            rope::fail(name, "set", "is read only for an FP8 cache (cache_dtype \"e4m3fn\" or \"e5m2\")");
+        return;
+    }
+    if (array == nullptr)
+        rope::fail(name, "None",
+                   "an FP8 cache needs its dequantisation scale (value ~= fp8 * scale): float32, one or one per head");
+    if (!(array->dtype.code == uint8_t(dlpack::Code::Float) && array->dtype.bits == 32 && array->dtype.lanes == 1))
+        rope::fail(std::string(name) + ".dtype", "not float32", "scales are float32");
+    if (array->ndim > 1) rope::fail(std::string(name) + ".ndim", array->ndim, "must be 0 or 1 ([1] or [heads])");
+    if (array->ndim == 1 && array->shape[0] > 1 && array->strides[0] != 1)
+        rope::fail(std::string(name) + ".strides[0]", array->strides[0], "must be 1 (contiguous scales)");
+    check_device(name, *array, cuda_device);
+    cache = cache.with_scale(static_cast<const float*>(array->data), array->size());
+}
+
+}  // namespace
+
 // A cache array as rope::PagedCache: 4-D (page, slot, head, dim) in kv_layout's axis order,
 // or 3-D (page, slot, dim) for a single head; its dtype the model's, or uint8 holding FP8.
 rope::PagedCache paged_cache(const char* name, const Array& array, const KvAppendOptions& options,
@@ -74,27 +95,6 @@ rope::PagedCache paged_cache(const char* name, const Array& array, const KvAppen
                    "must equal " + field + "'s page axis, of length " + std::to_string(cache.page_size));
     return cache;
 }
-
-// FP8 dequantisation scales: float32, [1] (per tensor) or [heads] (per head), contiguous.
-void attach_scale(const char* name, const Array* array, rope::PagedCache& cache, int& cuda_device) {
-    if (cache.dtype == rope::CacheDType::model) {
-        if (array != nullptr)
-            rope::fail(name, "set", "is read only for an FP8 cache (cache_dtype \"e4m3fn\" or \"e5m2\")");
-        return;
-    }
-    if (array == nullptr)
-        rope::fail(name, "None",
-                   "an FP8 cache needs its dequantisation scale (value ~= fp8 * scale): float32, one or one per head");
-    if (!(array->dtype.code == uint8_t(dlpack::Code::Float) && array->dtype.bits == 32 && array->dtype.lanes == 1))
-        rope::fail(std::string(name) + ".dtype", "not float32", "scales are float32");
-    if (array->ndim > 1) rope::fail(std::string(name) + ".ndim", array->ndim, "must be 0 or 1 ([1] or [heads])");
-    if (array->ndim == 1 && array->shape[0] > 1 && array->strides[0] != 1)
-        rope::fail(std::string(name) + ".strides[0]", array->strides[0], "must be 1 (contiguous scales)");
-    check_device(name, *array, cuda_device);
-    cache = cache.with_scale(static_cast<const float*>(array->data), array->size());
-}
-
-}  // namespace
 
 rope::CacheDType cache_dtype_named(std::string_view name, std::string_view value) {
     if (value.empty() || value == "model") return rope::CacheDType::model;

@@ -49,6 +49,12 @@ struct KvAppendCall {
 /// rope::CacheDType of a name: "" or "model" (the model's dtype), "e4m3fn", "e5m2"; else rope::Error naming @p name.
 rope::CacheDType cache_dtype_named(std::string_view name, std::string_view value);
 
+/// A cache array as rope::PagedCache: 4-D (page, slot, head, dim) in options.kv_layout's axis order,
+/// or 3-D (page, slot, dim) for a single head; its dtype @p model, or uint8 holding FP8 codes
+/// (@p dtype_name "e4m3fn" or "e5m2"). Throws rope::Error naming @p name and the bad field.
+rope::PagedCache paged_cache(const char* name, const Array& array, const KvAppendOptions& options,
+                             std::string_view dtype_name, bool bfloat16_bits, rope::DType model);
+
 /// Checks the arrays of one append call and assembles it; throws rope::Error naming the first
 /// bad argument (rope::append_kv checks the rest: slots, overlaps, scales' values).
 KvAppendCall prepare_kv_append(const rope::RopeConfig& config, const KvAppendArrays& arrays,

@@ -390,6 +390,56 @@ void rerotate(const std::string& backend_name, const rope::RopeConfig& config, n
     rope::rerotate(*to.backend, config, args);
 }
 
+// --- rerotate_cache ----------------------------------------------------------------------
+// One rope::rerotate_cache call: the rows of k_cache (NHD or HND in kv_layout's order, or 3-D
+// single-head) at slot_mapping's slots, turned in place from `from` to `to`, each an offset or
+// ids. prepare_call checks each position argument against a stand-in [T, heads, head_dim]
+// array at the cache's address (never read), as rope::rerotate_cache plans the call.
+// bfloat16_bits: bit 0 k_cache.
+void rerotate_cache(const std::string& backend_name, const rope::RopeConfig& config, nb::handle k_cache,
+                    nb::handle slot_mapping, const std::string& kv_layout, int64_t from_offset, nb::handle from_ids,
+                    int64_t from_max_position, int64_t to_offset, nb::handle to_ids, int64_t to_max_position,
+                    uintptr_t stream, int bfloat16_bits) {
+    const OutputArray cache_array = import_output("k_cache", k_cache);
+    const InputArray slots_array = import_input("slot_mapping", slot_mapping);
+    const Array cache = array_of(cache_array);
+    const IndexArray slots = index_array("slot_mapping", array_of(slots_array), 1);
+    if (cache.dtype.code == uint8_t(dlpack::Code::UInt) && cache.dtype.bits == 8)
+        rope::fail("k_cache.dtype", "uint8",
+                   "FP8 caches are refused: turning one would dequantise and quantise again, rounding twice "
+                   "(re-rotate keys while they are in the model dtype)");
+    KvAppendOptions options;
+    options.kv_layout = kv_layout;
+    const bool bfloat16 = (bfloat16_bits & 1) != 0;
+    const rope::DType dtype = storage_type("k_cache.dtype", cache.dtype, bfloat16);
+    const rope::PagedCache paged = paged_cache("k_cache", cache, options, "", bfloat16, dtype);
+    const int64_t shape[3] = {slots.shape[0], paged.heads, paged.head_dim};
+    const int64_t strides[3] = {paged.heads * paged.head_dim, paged.head_dim, 1};
+    Array stand_in = cache;
+    stand_in.ndim = 3;
+    stand_in.shape = shape;
+    stand_in.strides = strides;
+    std::optional<InputArray> read[2];
+    Array ids[2];
+    auto positions = [&](int side, const char* name, nb::handle object, int64_t offset, int64_t max_position) {
+        CallArrays arrays;
+        arrays.q = &stand_in;
+        if (!object.is_none()) arrays.ids = &(ids[side] = array_of(*(read[side] = import_input(name, object))));
+        CallOptions call_options{backend_name, "thd", offset, 1, 0, max_position, false, bfloat16_bits & 1};
+        call_options.q_name = "k_cache";
+        call_options.positions_name = name;
+        return prepare_call(config, arrays, call_options);
+    };
+    const Call from = positions(0, "from_positions", from_ids, from_offset, from_max_position);
+    const Call to = positions(1, "to_positions", to_ids, to_offset, to_max_position);
+    const rope::RerotateCacheArgs args{paged, dtype,
+                                       rope::SlotMapping{slots.data, slots.shape[0], slots.placement.device},
+                                       from.args.positions, to.args.positions, reinterpret_cast<void*>(stream)};
+    CudaDeviceGuard device_guard(to.cuda_device);
+    nb::gil_scoped_release no_gil;
+    rope::rerotate_cache(*to.backend, config, args);
+}
+
 }  // namespace
 }  // namespace rope_python
 
@@ -546,4 +596,9 @@ NB_MODULE(_rope, m) {
           "from_offset"_a, "from_ids"_a.none(), "from_max_position"_a, "to_offset"_a, "to_ids"_a.none(),
           "to_max_position"_a, "stream"_a, "bfloat16_bits"_a,
           "One rope::rerotate call on DLPack arrays (all positional; rope.rerotate is the documented entry point).");
+    m.def("rerotate_cache", &rope_python::rerotate_cache, "backend"_a, "config"_a, "k_cache"_a.none(),
+          "slot_mapping"_a.none(), "kv_layout"_a, "from_offset"_a, "from_ids"_a.none(), "from_max_position"_a,
+          "to_offset"_a, "to_ids"_a.none(), "to_max_position"_a, "stream"_a, "bfloat16_bits"_a,
+          "One rope::rerotate_cache call on DLPack arrays (all positional; rope.rerotate_cache is the documented "
+          "entry point).");
 }

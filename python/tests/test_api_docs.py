@@ -35,7 +35,8 @@ def test_stub_is_what_stubgen_makes_of_the_module(tmp_path):
 
 
 def public_functions():
-    functions = [rope.Config, rope.apply, rope.append_kv, rope.apply_qk_norm, rope.apply_qk_norm_packed, rope.rerotate]
+    functions = [rope.Config, rope.apply, rope.append_kv, rope.apply_qk_norm, rope.apply_qk_norm_packed, rope.rerotate,
+                 rope.rerotate_cache]
     try:
         from rope import ops
     except ImportError:

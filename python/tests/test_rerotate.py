@@ -100,3 +100,52 @@ def test_bad_input_names_the_argument_and_writes_nothing(backend):
     with pytest.raises(rope.Error, match="scaling.type = dynamic"):
         rope.rerotate(k, dynamic, 5000, 3, backend=backend)
     assert np.array_equal(k, before)
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+@pytest.mark.parametrize("kv_layout", ["nhd", "hnd"])
+def test_cache_rows_through_slots_match_float64(backend, kv_layout):
+    """rope.rerotate_cache: the named rows (pages in no order, two skipped entries) turned
+    as the float64 re-rotation turns them; every other element keeps its bytes."""
+    pages, page_size, heads, head_dim, entries = 5, 4, 2, 32, 8
+    shape = (pages, page_size, heads, head_dim) if kv_layout == "nhd" else (pages, heads, page_size, head_dim)
+    cache = random_array(shape, "float32", 180)
+    before = cache.copy()
+    rng = np.random.default_rng(181)
+    slots = rng.permutation(pages * page_size)[:entries].astype(np.int64)
+    slots[[1, 5]] = -1
+    from_ids = rng.integers(0, 200_000, size=entries)
+    to_ids = rng.integers(0, 200_000, size=entries)
+    config = rope.Config(head_dim=head_dim)
+    assert rope.rerotate_cache(cache, config, slots, from_ids, to_ids, backend=backend, kv_layout=kv_layout) is cache
+
+    def row(c, slot):  # [heads, head_dim]: this test's own page arithmetic
+        page, offset = divmod(int(slot), page_size)
+        return c[page, offset] if kv_layout == "nhd" else c[page, :, offset]
+
+    named = [t for t in range(entries) if slots[t] >= 0]
+    gathered = np.stack([row(before, slots[t]) for t in named], axis=1)[None]  # [1, heads, n, head_dim]
+    want = rerotated(gathered, oracle.ids_positions(from_ids[named], 1), oracle.ids_positions(to_ids[named], 1),
+                     oracle.theta(head_dim, 10000.0))
+    got = np.stack([row(cache, slots[t]) for t in named], axis=1)[None]
+    check(got, want, "re-rotated cache rows", ONE_ROTATION)
+    untouched = np.ones(shape, dtype=bool)
+    for t in named:
+        row(untouched, slots[t])[...] = False
+    assert np.array_equal(cache.view(np.uint32)[untouched], before.view(np.uint32)[untouched])
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_cache_bad_slots_are_named_and_nothing_is_written(backend):
+    cache = random_array((3, 4, 1, 16), "float32", 182)
+    before = cache.copy()
+    config = rope.Config(head_dim=16)
+    for slots, message in [([0, 12, 2], "slot_mapping.slots[1] = 12"), ([5, 1, 5], "slot_mapping.slots[2] = 5")]:
+        with pytest.raises(rope.Error, match=message.replace("[", r"\[").replace("]", r"\]")):
+            rope.rerotate_cache(cache, config, np.array(slots, dtype=np.int64), 0, [7, 8, 9], backend=backend)
+        assert np.array_equal(cache, before)
+    with pytest.raises(rope.Error, match="k_cache.dtype = uint8"):  # FP8 codes: refused, never rounded twice
+        rope.rerotate_cache(np.zeros((3, 4, 1, 16), dtype=np.uint8), config, np.array([0], dtype=np.int64), 0, [1],
+                            backend=backend)
+    with pytest.raises(rope.Error, match="to.length"):
+        rope.rerotate_cache(cache, config, np.array([0, 1], dtype=np.int64), 0, [7, 8, 9], backend=backend)

@@ -68,6 +68,13 @@ public:
     /// the default refuses the call with a rope::Error naming the backend.
     /// @param plan a validated, non-empty call, built by make_kv_append_plan() for this backend's device().
     virtual void run_kv_append(const KvAppendPlan& plan);
+    /// @brief Executes a re-rotation of cache rows (rope::rerotate_cache): for each entry t with
+    /// plan.slot_of(t) >= 0, the rows of that slot in plan.k_cache turned by plan.rope's angle
+    /// rule at token t (relative positions; plan.rope's q, k, v and v_cache are not read).
+    /// Device backends enqueue on plan.rope.stream. Every built-in backend overrides it; the
+    /// default refuses the call with a rope::Error naming the backend.
+    /// @param plan a validated, non-empty call, built by rope::rerotate_cache for this backend's device().
+    virtual void run_rerotate_cache(const KvAppendPlan& plan);
 };
 
 /// @brief What the registry knows about one backend.

@@ -6,6 +6,8 @@
 
 #include "rope/backend.hpp"
 #include "rope/config.hpp"
+#include "rope/dtype.hpp"
+#include "rope/kv_append.hpp"
 #include "rope/positions.hpp"
 #include "rope/tensor.hpp"
 
@@ -81,5 +83,47 @@ struct RerotateArgs {
 /// @throws rope::Error naming the offending parameter and its value (k head_dim, k_out
 /// sizes, from.ids[3], to.length, scaling.type, ...); nothing is written then.
 void rerotate(Backend& backend, const RopeConfig& config, const RerotateArgs& args);
+
+/// @brief The arguments of one re-rotation of keys held in a paged cache (rope::rerotate_cache).
+///
+/// Entry t (t < slot_mapping.count) names the cache slot slot_mapping.slots[t]
+/// (as rope::append_kv names it: page * page_size + slot in page; < 0 skips the
+/// entry) and the positions from[t] and to[t] of its keys. `from` and `to` are
+/// positions of one sequence of slot_mapping.count tokens (any form Positions
+/// has with batch 1: an offset, ids, packed sequences, M-RoPE ids).
+struct RerotateCacheArgs {
+    PagedCache k_cache;          ///< The key cache, model dtype only; its rows at the named slots are turned in place.
+    DType dtype = DType::f32;    ///< The dtype of the cache's elements (the model's: fp32, fp16 or bf16).
+    SlotMapping slot_mapping{};  ///< The slots of the entries to turn (slots < 0: skipped).
+    Positions from{};            ///< The positions each entry's keys are rotated at now.
+    Positions to{};              ///< The positions each entry's keys are to be rotated at.
+    void* stream = nullptr;      ///< CUDA backends: the cudaStream_t to issue work on (null: default stream).
+};
+
+/// @brief rope::rerotate for keys held in a paged cache: the rows of the slots
+/// a slot mapping names, turned in place from positions `from` to positions `to`.
+///
+/// Entry t with a slot s >= 0 turns every head row of slot s exactly as
+/// rope::rerotate turns token t of a key tensor: one rotation by the precise
+/// angle difference, unscaled, features past the rotary part untouched, the
+/// same refusals for dynamic and longrope scaling. The cache's other rows keep
+/// their bits. The use: after an eviction or a window shift, the kept keys move
+/// to new positions without leaving the cache (StreamingLLM's sinks, context
+/// compaction).
+///
+/// Host slots are checked as rope::append_kv checks them (each below
+/// pages * page_size, no slot twice); device slots cannot be read without a
+/// copy, and an out-of-range device slot is skipped (nothing written for it).
+/// Where two entries share a device slot the row is turned twice, in an
+/// unspecified interleaving: give each slot once. An FP8 cache is refused
+/// (k_cache.dtype): turning it would dequantise and quantise again, rounding
+/// twice.
+/// @param backend the backend that runs the call; its device() is where the cache, the slots and
+///        every position array live.
+/// @param config the model's RoPE.
+/// @param args the cache, its dtype, the slots, the two positions and the stream.
+/// @throws rope::Error naming the offending parameter and its value (k_cache.dtype,
+/// k_cache.head_dim, slot_mapping.slots[3], to.length, scaling.type, ...); nothing is written then.
+void rerotate_cache(Backend& backend, const RopeConfig& config, const RerotateCacheArgs& args);
 
 }  // namespace rope

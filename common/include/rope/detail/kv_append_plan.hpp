@@ -7,6 +7,7 @@
 /// targets, in a form device code can read (pointers and 64-bit integers).
 
 #include <cstdint>
+#include <string_view>
 
 #include "rope/detail/plan.hpp"
 #include "rope/dtype.hpp"
@@ -110,5 +111,34 @@ ROPE_HOST_DEVICE inline void store_cache_element(const CacheTarget& cache, int64
 /// @return the plan (an empty call gets no angles).
 /// @throws rope::Error naming the first offending parameter and its value.
 KvAppendPlan make_kv_append_plan(const RopeConfig& config, const KvAppendArgs& args, Device device);
+
+namespace detail {
+/// @brief make_kv_append_plan's checks of one cache (rope::rerotate_cache's too): device, dtype,
+/// sizes against the tensor it holds, strides, 64-bit offsets, rows apart, scales.
+/// @param name the cache's name in messages ("k_cache").
+/// @param cache the cache.
+/// @param tensor the sizes its rows must have (heads, head_dim).
+/// @param tensor_name what @p tensor is called in messages ("k").
+/// @param model the model dtype (a model-dtype cache's element type).
+/// @param device where the backend runs.
+/// @throws rope::Error naming the first offending field and its value.
+void check_cache(std::string_view name, const PagedCache& cache, const Geometry& tensor, std::string_view tensor_name,
+                 DType model, Device device);
+/// @brief Host slots: each below @p slot_limit (or < 0), no slot twice; device slots are not read.
+/// @param slots the slot mapping (count and pointer already checked).
+/// @param slot_limit pages * page_size.
+/// @throws rope::Error naming slot_mapping.slots[t] and its value.
+void check_host_slots(const SlotMapping& slots, int64_t slot_limit);
+/// @brief Whether @p cache's memory overlaps the @p bytes bytes at @p data.
+/// @param cache a checked cache. @param model the model dtype.
+/// @param data first byte (null: nothing). @param bytes the size.
+/// @return true when they share a byte.
+bool cache_overlaps(const PagedCache& cache, DType model, const void* data, int64_t bytes);
+/// @brief cpu-naive's re-rotation of cache rows (rope::rerotate_cache), entries [@p first, @p last)
+/// of @p plan (cpu/naive_backend.cpp); cpu-eigen runs it over its threads' shares of the entries.
+/// @param plan a validated, non-empty plan for Device::host, built by rope::rerotate_cache.
+/// @param first the first entry. @param last one past the last entry.
+void rerotate_cache_cpu(const KvAppendPlan& plan, int64_t first, int64_t last);
+}  // namespace detail
 
 }  // namespace rope
