@@ -31,12 +31,17 @@ Position forms (each measured against a copy of the same q and k bytes):
   axial     --axial S,S[,S]: the coordinates of a patch grid, S pairs per axis
   table     --table: a [max_position, rotary_dim] float32 cos/sin table built from rope's own
             frequencies, passed as RopeArgs::cos_sin_cache
+QK-RMSNorm + RoPE (--op qknorm, CUDA backends; per-head norm, Llama-style weight of the dtype):
+  qknorm    the fused call (rope::apply_qk_norm), rounding as --rounding says (default float32)
+  unfused   bench/qk_norm_baseline.cu's RMSNorm of q, then of k, then the backend's RoPE call;
+            both against a copy of the same q and k bytes
 Bounds (beyond them an option is refused before any work): the ranges above; each of B, H, N, D from 1
   to 2^31-1; q and k of one shape at most 2^34 elements; --table at most 2^24 rows (the position offset
   plus the tokens times --cp SIZE); a --packed total or list adds up to the shape's B x N tokens.
 Examples:
   rope-bench --backend cpu-naive --shape 1,4,64,64 --reps 3
   rope-bench --backend cuda-optimized --shape 1,32,32768,128 --kv-heads 8 --dtype bf16 --packed 1..8192:32768 --runs 3
+  rope-bench --backend cuda-optimized --op qknorm --layout thd --shape 64,32,1,128 --kv-heads 8 --dtype bf16 --graph
 )";
 
 // A comma-separated list of non-negative integers, e.g. "1,32,4096,128".
@@ -178,6 +183,14 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_flag("--ids", options.ids, "plain positions as an int64 ids tensor [N] shared by the batch")
         ->excludes(mrope_option)
         ->excludes("--axial");
+    std::string rounding = "float32";
+    CLI::Option* op_option = app.add_option("--op", options.op, "rope (default) or qknorm (QK-RMSNorm + RoPE)")
+                                 ->check(CLI::IsMember({"rope", "qknorm"}));
+    CLI::Option* rounding_option =
+        app.add_option("--rounding", rounding, "--op qknorm: float32, hf_qwen3, hf_gemma3 or hf_olmo2 "
+                                               "(default float32)")
+            ->check(CLI::IsMember({"float32", "hf_qwen3", "hf_gemma3", "hf_olmo2"}))
+            ->needs(op_option);
     app.add_option("--format", options.format, "table or csv (default table)")
         ->check(CLI::IsMember({"table", "csv"}));
 
@@ -198,6 +211,9 @@ Options parse_options(int argc, const char* const* argv) {
     options.style = rope::parse_style(style);
     options.layout = rope::parse_layout(layout);
     options.in_place = placement == "in";
+    options.rounding = rope::parse_qk_norm_rounding(rounding);
+    if (rounding_option->count() > 0 && options.op != "qknorm")
+        throw UsageError("--rounding " + rounding + ": only with --op qknorm, got --op " + options.op);
     if (options.backends.empty() || std::count(options.backends.begin(), options.backends.end(), "all") > 0)
         options.backends.assign(backend_names.begin() + 1, backend_names.end());
     for (const std::string& text : shape_texts) options.shapes.push_back(parse_shape(text));

@@ -10,6 +10,7 @@
 
 #include "rope/config.hpp"
 #include "rope/dtype.hpp"
+#include "rope/qk_norm.hpp"
 #include "rope/tensor.hpp"
 
 namespace rope_bench {
@@ -75,6 +76,9 @@ struct Options {
     bool table = false;                 ///< --table: a caller's cos/sin table (RopeArgs::cos_sin_cache).
     bool ids = false;                   ///< --ids: the plain positions as an int64 ids tensor in memory.
     std::string format = "table";       ///< table or csv.
+    /// --op: rope (the RoPE call) or qknorm (QK-RMSNorm + RoPE: the fused call, the unfused steps).
+    std::string op = "rope";
+    rope::QkNormRounding rounding = rope::QkNormRounding::float32;  ///< --op qknorm: --rounding.
     bool help = false;                  ///< --help: print usage and do nothing else.
     std::string usage;                  ///< The help text (always filled).
 };

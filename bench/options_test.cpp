@@ -44,6 +44,9 @@ TEST_CASE("defaults, and options read as written") {
     CHECK(parse({"--mrope", "interleaved", "--sections", "24,20,20"}).sections == std::vector<int64_t>{24, 20, 20});
     CHECK(parse({"--axial", "8,28,28"}).multi_axis == rope::AxisAssignment::axial);
     CHECK(parse({"--help"}).help);
+    const rope_bench::Options qk = parse({"--op", "qknorm", "--rounding", "hf_qwen3"});
+    CHECK((qk.op == "qknorm" && qk.rounding == rope::QkNormRounding::hf_qwen3));
+    CHECK((parse({}).op == "rope" && parse({"--op", "qknorm"}).rounding == rope::QkNormRounding::float32));
 }
 
 // Every option with a number or a name: accepted at its bounds (options.hpp), refused beyond them at once, the
@@ -96,6 +99,11 @@ TEST_CASE("the table of accepted and refused options") {
         {{"--dtype", "fp64"}, "--dtype: fp64 not in"},
         {{"--format", "xml"}, "--format: xml not in"},
         {{"--no-such-option"}, "--no-such-option"},
+        {{"--op", "qknorm", "--rounding", "hf_olmo2"}, ""},
+        {{"--op", "norm"}, "--op: norm not in"},
+        {{"--op", "qknorm", "--rounding", "bf16"}, "--rounding: bf16 not in"},
+        {{"--rounding", "hf_qwen3"}, "--rounding requires --op"},
+        {{"--op", "rope", "--rounding", "hf_qwen3"}, "--rounding hf_qwen3: only with --op qknorm, got --op rope"},
     };
     for (const auto& [arguments, refusal] : table) {
         std::string line;

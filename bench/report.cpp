@@ -52,7 +52,8 @@ Cells cells_of(const Row& row) {
             {"ceiling", {ran ? m.ceiling.name : ""}},           // Which copy was fastest.
             {"form_detail", {row.form_detail}},
             {"ceilings", {ran ? m.ceiling.describe() : ""}},    // Every candidate's median microseconds.
-            {"cache", {row.cache}}};
+            {"cache", {row.cache}},
+            {"op", {row.op}}};
 }
 
 // The column names: those of any row's cells.

@@ -29,6 +29,7 @@ struct Row {
     int64_t sets = 0;       ///< Sets of q and k the calls rotate through.
     double bytes = 0;       ///< Bytes one call moves: q and k read once and written once.
     Summary summary;        ///< The measurement, when it ran.
+    std::string op = "rope";  ///< rope; qknorm (QK-RMSNorm + RoPE, fused) or qknorm-unfused (RMSNorm, then RoPE).
 };
 
 /// @brief Writes @p rows in @p format ("table" or "csv") to @p out; a table is preceded by
