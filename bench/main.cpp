@@ -13,6 +13,9 @@
 //   implement (e.g. --precise): its row says "unsupported: <why>" instead of timing something else.
 // - Position forms (bench/forms.hpp) change what the positions are; the bytes moved, and so the ceiling, stay
 //   those of q and k.
+// - --op append (AppendWorkload, CUDA backends): RoPE fused with the paged KV-cache append against the same
+//   work unfused (the backend's RoPE call, then append_baseline.cu's scatter), both against a copy of the
+//   bytes the fused call moves.
 // - --op qknorm (CUDA backends): the fused QK-RMSNorm + RoPE (rope::apply_qk_norm, per head, Llama-style weight)
 //   against the same work as a user runs it unfused (qk_norm_baseline.cu's RMSNorm of q, then of k, then the
 //   backend's RoPE call), both on the same sets and against the copy of the same q and k bytes.
@@ -41,8 +44,15 @@
 #include "rope/qk_norm.hpp"
 #include "rope/rope.hpp"
 #if ROPE_BENCH_CUDA
+#include "append_baseline.hpp"
 #include "cuda_timing.hpp"
 #include "qk_norm_baseline.hpp"
+#include "rope/detail/kv_append_plan.hpp"
+#endif
+#if ROPE_BENCH_FLASHINFER
+#include <cmath>
+
+#include "append_flashinfer.hpp"
 #endif
 #if ROPE_BENCH_OPENMP
 #include <omp.h>
@@ -280,6 +290,314 @@ private:
 #endif
 };
 
+#if ROPE_BENCH_CUDA
+// --op append on one shape: B sequences of N new tokens (the thd tensors of the form, its cu_seqlens), each
+// with [0, --context) tokens already cached, in NHD k and v caches of --page-size slots whose pages are
+// handed out in a random order (a permuted page table). Set s of q, k and v is decode step s: its tokens go
+// to the slots right after step s - 1's, so no call rewrites cache rows another left in L2. Per backend two
+// rows, each against the copy ceiling of the bytes the fused call moves (q, k, v and the slots read; q, k and
+// both cache rows written; a copy of X bytes reads and writes X, so the ceiling copies half of them):
+// - append: Backend::run_kv_append on plans validated beforehand (the first through rope::append_kv, which
+//   refuses what the backend does not take);
+// - append-unfused: Backend::run (RoPE of q and k), then the baseline scatter of k and v into the same slots.
+class AppendWorkload {
+public:
+    AppendWorkload(const Options& options, const Form& form)
+        : options_(options), cache_(cache_to_defeat(options, rope::Device::cuda)), config_(form.config) {
+        const rope::Device cuda = rope::Device::cuda;
+        const std::size_t element = std::size_t(rope::dtype_size(options.dtype));
+        tokens_ = form.batch * form.seq;
+        q_bytes_ = std::size_t(tokens_ * form.q_heads * form.head_dim) * element;
+        kv_bytes_ = std::size_t(tokens_ * form.k_heads * form.head_dim) * element;
+        set_bytes_ = q_bytes_ + 2 * kv_bytes_;
+        stride_ = set_stride(set_bytes_);
+        sets_ = sets_spanning_twice(set_bytes_, cache_.bytes);
+        inputs_ = random_buffer(cuda, options.dtype, stride_ * std::size_t(sets_));
+        if (!options.in_place) outputs_ = rope::Buffer(cuda, inputs_.bytes());
+
+        // The slots of every set, and the pages they need.
+        std::vector<int64_t> bounds = form.cu_seqlens;
+        if (bounds.empty()) bounds = {0, tokens_};
+        const int64_t sequences = int64_t(bounds.size()) - 1, page_size = options.page_size;
+        uint64_t state = 29;
+        std::vector<int64_t> cached(static_cast<std::size_t>(sequences), 0);
+        std::vector<int64_t> first_page(static_cast<std::size_t>(sequences) + 1, 0);  // Of each sequence's pages.
+        for (std::size_t b = 0; b < cached.size(); ++b) {
+            cached[b] = int64_t(split_mix(state) % uint64_t(options.context));
+            first_page[b + 1] = first_page[b] + (cached[b] + sets_ * (bounds[b + 1] - bounds[b]) + page_size - 1) /
+                                                    page_size;
+        }
+        const int64_t pages = first_page.back();
+        std::vector<int64_t> order(static_cast<std::size_t>(pages), 0);
+        for (std::size_t p = 0; p < order.size(); ++p) order[p] = int64_t(p);
+        for (std::size_t p = order.size(); p > 1; --p)  // Fisher-Yates: the page table in a random order.
+            std::swap(order[p - 1], order[std::size_t(split_mix(state) % uint64_t(p))]);
+        std::vector<int64_t> slots(static_cast<std::size_t>(sets_ * tokens_), 0), places(slots.size(), 0);
+        for (int64_t s = 0; s < sets_; ++s)
+            for (std::size_t b = 0; b < cached.size(); ++b)
+                for (int64_t t = bounds[b]; t < bounds[b + 1]; ++t) {
+                    const int64_t position = cached[b] + s * (bounds[b + 1] - bounds[b]) + (t - bounds[b]);
+                    places[std::size_t(s * tokens_ + t)] = position;
+                    slots[std::size_t(s * tokens_ + t)] =
+                        order[std::size_t(first_page[b] + position / page_size)] * page_size + position % page_size;
+                }
+        slots_ = on_device(slots, cuda);
+        // The plain form's angle is each token's place in its sequence, as an engine passes it: int64 ids [T]
+        // per set (other forms keep their positions).
+        const bool place_ids = form.ids.empty() && form.cos_sin.empty() && form.axes == 1 && form.cp_size == 1;
+        if (place_ids) places_ = on_device(places, cuda);
+#if ROPE_BENCH_FLASHINFER
+        prepare_flashinfer(form, bounds, cached, first_page, order, pages);
+#endif
+        const std::size_t cache_element = options.cache_dtype == rope::CacheDType::model ? element : 1;
+        const std::size_t cache_bytes =
+            std::size_t(pages * page_size * form.k_heads * form.head_dim) * cache_element;
+        k_cache_ = rope::Buffer(cuda, cache_bytes);
+        v_cache_ = rope::Buffer(cuda, cache_bytes);
+        scales_ = on_device(std::vector<float>{0.03125f, 0.0625f}, cuda);  // k's and v's.
+        moved_ = double(set_bytes_ + q_bytes_ + kv_bytes_) + 8.0 * double(tokens_) +
+                 2.0 * double(tokens_ * form.k_heads * form.head_dim) * double(cache_element);
+        const std::size_t copy_bytes = std::size_t(moved_ / 2) / 16 * 16;
+        copy_ = {nullptr, nullptr, copy_bytes, set_stride(copy_bytes), sets_};
+        copy_source_ = rope::Buffer(cuda, copy_.stride * std::size_t(sets_));
+        copy_destination_ = rope::Buffer(cuda, copy_.stride * std::size_t(sets_));
+        copy_.inputs = copy_source_.data();
+        copy_.copy_destination = copy_destination_.data();
+        detail_ = (form.detail.empty() ? "" : form.detail + "; ") + std::to_string(sequences) + " sequences" +
+                  (place_ids ? " (positions: each token's place in its sequence, int64 ids)" : "") + ", " +
+                  std::to_string(pages) + " pages of " + std::to_string(page_size) + " slots in a random order, " +
+                  "cache " + rope::cache_dtype_name(options.cache_dtype);
+
+        cu_seqlens_ = on_device(form.cu_seqlens, cuda);
+        ids_ = on_device(form.ids, cuda);
+        table_ = on_device(form.cos_sin, cuda);
+        const rope::Positions positions = form.positions(static_cast<const int64_t*>(cu_seqlens_.data()),
+                                                         static_cast<const int64_t*>(ids_.data()), cuda);
+        rope::PagedCache k_cache = rope::PagedCache::nhd(k_cache_.data(), cuda, pages, page_size, form.k_heads,
+                                                         form.head_dim, options.cache_dtype);
+        rope::PagedCache v_cache = rope::PagedCache::nhd(v_cache_.data(), cuda, pages, page_size, form.k_heads,
+                                                         form.head_dim, options.cache_dtype);
+        const float* scales = static_cast<const float*>(scales_.data());
+        if (options.cache_dtype != rope::CacheDType::model) {
+            k_cache = k_cache.with_scale(scales, 1);
+            v_cache = v_cache.with_scale(scales + 1, 1);
+        }
+        for (int64_t s = 0; s < sets_; ++s) {
+            auto view = [&](rope::Buffer& buffer, std::size_t offset, int64_t heads) {
+                char* at = static_cast<char*>(buffer.data()) + std::size_t(s) * stride_ + offset;
+                return form.view(at, heads, options.dtype, cuda);
+            };
+            rope::KvAppendArgs args;
+            args.q = view(inputs_, 0, form.q_heads);
+            args.k = view(inputs_, q_bytes_, form.k_heads);
+            args.v = view(inputs_, q_bytes_ + kv_bytes_, form.k_heads);
+            args.q_out = options.in_place ? args.q : view(outputs_, 0, form.q_heads);
+            args.k_out = options.in_place ? args.k : view(outputs_, q_bytes_, form.k_heads);
+            args.positions = place_ids ? rope::Positions::shared(static_cast<const int64_t*>(places_.data()) +
+                                                                      s * tokens_,
+                                                                  tokens_, cuda)
+                                       : positions;
+            args.slot_mapping = {static_cast<const int64_t*>(slots_.data()) + s * tokens_, tokens_, cuda};
+            args.k_cache = k_cache;
+            args.v_cache = v_cache;
+            args.cos_sin_cache = form.cos_sin_cache(static_cast<const float*>(table_.data()), cuda);
+            args.stream = stream_.get();
+            if (s == 0) first_args_ = args;
+            rope::RopeArgs rope_args{args.q, args.k, args.q_out, args.k_out, args.positions, rope::Direction::forward,
+                                     args.stream, args.cos_sin_cache};
+            ScatterCall scatter;
+            scatter.k = args.k_out.data;
+            scatter.v = args.v.data;
+            scatter.slots = args.slot_mapping.slots;
+            scatter.tokens = tokens_;
+            scatter.heads = form.k_heads;
+            scatter.head_dim = form.head_dim;
+            scatter.dtype = options.dtype;
+            scatter.cache_dtype = options.cache_dtype;
+            scatter.k_scale = scales;
+            scatter.v_scale = scales + 1;
+            scatter.k_cache = k_cache_.data();
+            scatter.v_cache = v_cache_.data();
+            scatter.page_size = page_size;
+            scatter.stride_page = k_cache.stride_page;
+            scatter.stride_slot = k_cache.stride_slot;
+            scatter.stride_head = k_cache.stride_head;
+            try {  // What the library refuses (e.g. a cache dtype) is reported per backend by measure_rows.
+                plans_.push_back(rope::make_kv_append_plan(config_, args, cuda));
+                rope_plans_.push_back(rope::make_plan(config_, rope_args, cuda));
+            } catch (const rope::Error&) {
+                if (s == 0) break;
+                throw;
+            }
+            scatters_.push_back(scatter);
+        }
+    }
+
+    const CacheSize& cache() const { return cache_; }
+
+#if ROPE_BENCH_FLASHINFER
+    // FlashInfer's rows beside rope's (append_flashinfer.hpp): its fused kernel (op append) and, into
+    // model-dtype caches, its plain append of k and v (op append-cache-only), against the same ceiling.
+    std::vector<Row> measure_flashinfer(Row row) {
+        row.backend = "flashinfer";
+        row.form_detail = detail_ + "; FlashInfer's angle: each token's place in its sequence, int32";
+        std::vector<Row> rows;
+        for (const bool fused : {true, false}) {
+            Row measured = row;
+            measured.op = fused ? "append" : "append-cache-only";
+            auto issue = [&](int64_t c) {
+                const FlashInferAppend& call = flashinfer_calls_[std::size_t(c % sets_)];
+                if (fused) flashinfer_rope_append_async(call, stream_.get());
+                else flashinfer_append_async(call, stream_.get());
+            };
+            try {
+                issue(0);
+                stream_.synchronize();
+            } catch (const rope::Error& error) {
+                measured.not_run = "unsupported: " + std::string(error.what());
+                rows.push_back(measured);
+                continue;
+            }
+            std::vector<Measurement> runs;
+            for (int run = 0; run < options_.runs; ++run)
+                runs.push_back(cuda_measure(issue, options_.graph ? GpuClock::graph : GpuClock::events,
+                                            options_.reps > 0 ? options_.reps : kDefaultGpuReps, copy_,
+                                            stream_.get()));
+            measured.summary = summarize(runs);
+            measured.sets = sets_;
+            measured.bytes = moved_;
+            rows.push_back(measured);
+        }
+        return rows;
+    }
+#endif
+
+    // The fused row and the unfused row of `backend`, or the one row saying why it refuses the call.
+    std::vector<Row> measure_rows(rope::Backend& backend, Row row) {
+        row.form_detail = detail_;
+        try {
+            rope::append_kv(backend, config_, first_args_);
+        } catch (const rope::Error& error) {
+            row.op = "append";
+            row.not_run = "unsupported: " + std::string(error.what());
+            return {row};
+        }
+        const GpuClock clock = options_.graph ? GpuClock::graph : GpuClock::events;
+        const int reps = options_.reps > 0 ? options_.reps : kDefaultGpuReps;
+        const Launch fused = [&](int64_t c) { backend.run_kv_append(plans_[std::size_t(c % sets_)]); };
+        const Launch unfused = [&](int64_t c) {
+            backend.run(rope_plans_[std::size_t(c % sets_)]);
+            scatter_kv_async(scatters_[std::size_t(c % sets_)], stream_.get());
+        };
+        std::vector<Row> rows;
+        for (const auto& [op, launch] : {std::pair<const char*, const Launch*>{"append", &fused},
+                                         {"append-unfused", &unfused}}) {
+            std::vector<Measurement> runs;
+            for (int run = 0; run < options_.runs; ++run)
+                runs.push_back(cuda_measure(*launch, clock, reps, copy_, stream_.get()));
+            Row measured = row;
+            measured.op = op;
+            measured.summary = summarize(runs);
+            measured.sets = sets_;
+            measured.bytes = moved_;
+            rows.push_back(measured);
+        }
+        return rows;
+    }
+
+private:
+#if ROPE_BENCH_FLASHINFER
+    // FlashInfer's page table of the same rows (indptr, indices), each token's sequence and position per set,
+    // a cos/sin table of every position, and q_out in the cache's type.
+    void prepare_flashinfer(const Form& form, const std::vector<int64_t>& bounds, const std::vector<int64_t>& cached,
+                            const std::vector<int64_t>& first_page, const std::vector<int64_t>& order,
+                            int64_t pages) {
+        const rope::Device cuda = rope::Device::cuda;
+        std::vector<int32_t> indptr(first_page.begin(), first_page.end()), indices(order.begin(), order.end());
+        std::vector<int32_t> last_page_len, batch_indices(std::size_t(tokens_), 0);
+        std::vector<int32_t> positions(std::size_t(sets_ * tokens_), 0);
+        int64_t rows = 1;
+        for (std::size_t b = 0; b + 1 < bounds.size(); ++b) {
+            const int64_t length = bounds[b + 1] - bounds[b], filled = cached[b] + sets_ * length;
+            last_page_len.push_back(int32_t((filled - 1) % options_.page_size + 1));
+            rows = std::max(rows, filled);
+            for (int64_t t = bounds[b]; t < bounds[b + 1]; ++t) {
+                batch_indices[std::size_t(t)] = int32_t(b);
+                for (int64_t s = 0; s < sets_; ++s)
+                    positions[std::size_t(s * tokens_ + t)] = int32_t(cached[b] + s * length + (t - bounds[b]));
+            }
+        }
+        // Indices hold every sequence's pages in table order: entry first_page[b] + j is page j of sequence b.
+        for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = int32_t(order[i]);
+        const int64_t half = form.head_dim / 2;
+        std::vector<float> cos_sin(std::size_t(rows * form.head_dim));
+        for (int64_t p = 0; p < rows; ++p)
+            for (int64_t i = 0; i < half; ++i) {
+                const double angle = double(p) * std::pow(10000.0, -2.0 * double(i) / double(form.head_dim));
+                cos_sin[std::size_t(p * form.head_dim + i)] = float(std::cos(angle));
+                cos_sin[std::size_t(p * form.head_dim + half + i)] = float(std::sin(angle));
+            }
+        fi_indptr_ = on_device(indptr, cuda);
+        fi_indices_ = on_device(indices, cuda);
+        fi_last_page_len_ = on_device(last_page_len, cuda);
+        fi_batch_indices_ = on_device(batch_indices, cuda);
+        fi_positions_ = on_device(positions, cuda);
+        fi_cos_sin_ = on_device(cos_sin, cuda);
+        const std::size_t cache_element = options_.cache_dtype == rope::CacheDType::model
+                                              ? std::size_t(rope::dtype_size(options_.dtype))
+                                              : 1;
+        const std::size_t q_out_bytes = std::size_t(tokens_ * form.q_heads * form.head_dim) * cache_element;
+        fi_q_out_ = rope::Buffer(cuda, set_stride(q_out_bytes) * std::size_t(sets_));
+        for (int64_t s = 0; s < sets_; ++s) {
+            FlashInferAppend call;
+            char* set = static_cast<char*>(inputs_.data()) + std::size_t(s) * stride_;
+            call.q = set;
+            call.k = set + q_bytes_;
+            call.v = set + q_bytes_ + kv_bytes_;
+            call.q_out = static_cast<char*>(fi_q_out_.data()) + std::size_t(s) * set_stride(q_out_bytes);
+            call.indptr = static_cast<const int32_t*>(fi_indptr_.data());
+            call.indices = static_cast<const int32_t*>(fi_indices_.data());
+            call.last_page_len = static_cast<const int32_t*>(fi_last_page_len_.data());
+            call.batch_indices = static_cast<const int32_t*>(fi_batch_indices_.data());
+            call.positions = static_cast<const int32_t*>(fi_positions_.data()) + s * tokens_;
+            call.cos_sin_cache = static_cast<const float*>(fi_cos_sin_.data());
+            call.tokens = uint32_t(tokens_);
+            call.q_heads = uint32_t(form.q_heads);
+            call.kv_heads = uint32_t(form.k_heads);
+            call.head_dim = uint32_t(form.head_dim);
+            call.page_size = uint32_t(options_.page_size);
+            call.sequences = uint32_t(bounds.size() - 1);
+            call.dtype = options_.dtype;
+            call.cache_dtype = options_.cache_dtype;
+            call.interleave = options_.style == rope::Style::interleaved;
+            call.quant_scale = options_.cache_dtype == rope::CacheDType::model ? 1.0f : 1.0f / 0.03125f;
+            flashinfer_calls_.push_back(call);
+        }
+        (void)pages;
+    }
+    rope::Buffer fi_indptr_, fi_indices_, fi_last_page_len_, fi_batch_indices_, fi_positions_, fi_cos_sin_, fi_q_out_;
+    std::vector<FlashInferAppend> flashinfer_calls_;
+#endif
+
+    const Options& options_;
+    CacheSize cache_;
+    rope::RopeConfig config_;
+    int64_t tokens_ = 0;
+    std::size_t q_bytes_ = 0, kv_bytes_ = 0, set_bytes_ = 0, stride_ = 0;  // A set: q, then k, then v.
+    int64_t sets_ = 1;
+    double moved_ = 0;  // Bytes the fused call moves.
+    Sets copy_;         // The ceiling's copies: half of moved_, set by set.
+    std::string detail_;
+    rope::Buffer inputs_, outputs_, slots_, places_, k_cache_, v_cache_, scales_, copy_source_, copy_destination_;
+    rope::Buffer cu_seqlens_, ids_, table_;
+    rope::CudaStream stream_;
+    rope::KvAppendArgs first_args_;
+    std::vector<rope::KvAppendPlan> plans_;
+    std::vector<rope::Plan> rope_plans_;
+    std::vector<ScatterCall> scatters_;
+};
+#endif
+
 int resolve_threads(int requested) {
 #if ROPE_BENCH_OPENMP
     return requested > 0 ? requested : omp_get_max_threads();
@@ -331,7 +649,11 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
         shape_row.position_offset = options.position_offset;
         shape_row.form = form.name;
         shape_row.form_detail = form.detail;
+        if (options.op == "append") shape_row.cache_dtype = rope::cache_dtype_name(options.cache_dtype);
         std::map<rope::Device, std::unique_ptr<Workload>> workloads;  // Built on first use.
+#if ROPE_BENCH_CUDA
+        std::unique_ptr<AppendWorkload> append;  // --op append: built on first use.
+#endif
         for (const std::string& name : options.backends) {
             const rope::BackendInfo info = rope::backend_info(name);
             const bool host = info.device == rope::Device::host;
@@ -347,6 +669,21 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
                 if (!info.available) row.not_run = "skipped: " + info.reason;
 #if !ROPE_BENCH_CUDA
                 if (row.not_run.empty() && !host) row.not_run = "skipped: rope-bench built without CUDA timing";
+#endif
+                if (options.op == "append") row.op = "append";
+                if (row.not_run.empty() && options.op == "append" && host)
+                    row.not_run = "unsupported: --op append is measured on CUDA backends";
+#if ROPE_BENCH_CUDA
+                if (row.not_run.empty() && options.op == "append") {
+                    if (!append) append = std::make_unique<AppendWorkload>(options, form);
+                    caches[info.device] = std::to_string(append->cache().bytes >> 20) + " MiB (" +
+                                          append->cache().source + ")";
+                    row.cache = caches[info.device];
+                    const std::unique_ptr<rope::Backend> backend = rope::make_backend(name);
+                    for (const Row& measured : append->measure_rows(*backend, row)) rows.push_back(measured);
+                    if (options.format == "table") std::cerr << "done: " << name << " " << row.shape << "\n";
+                    continue;
+                }
 #endif
                 if (options.op == "qknorm") row.op = "qknorm";
                 if (row.not_run.empty() && options.op == "qknorm" && host)
@@ -372,6 +709,24 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
                 if (options.format == "table") std::cerr << "done: " << name << " " << row.shape << "\n";
             }
         }
+#if ROPE_BENCH_FLASHINFER
+        if (options.op == "append") {  // FlashInfer beside rope, in the same run (a build with its headers).
+            Row row = shape_row;
+            row.backend = "flashinfer";
+            row.op = "append";
+            row.threads = "-";
+            row.timing = options.graph ? "graph" : "events";
+            const rope::BackendInfo cuda = rope::backend_info("cuda-naive");
+            if (!cuda.available) {
+                row.not_run = "skipped: " + cuda.reason;
+                rows.push_back(row);
+                continue;
+            }
+            if (!append) append = std::make_unique<AppendWorkload>(options, form);
+            row.cache = std::to_string(append->cache().bytes >> 20) + " MiB (" + append->cache().source + ")";
+            for (const Row& measured : append->measure_flashinfer(row)) rows.push_back(measured);
+        }
+#endif
     }
     return rows;
 }

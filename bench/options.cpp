@@ -31,6 +31,11 @@ Position forms (each measured against a copy of the same q and k bytes):
   axial     --axial S,S[,S]: the coordinates of a patch grid, S pairs per axis
   table     --table: a [max_position, rotary_dim] float32 cos/sin table built from rope's own
             frequencies, passed as RopeArgs::cos_sin_cache
+RoPE + KV append (--op append, CUDA backends, thd layout: B sequences of N new tokens each):
+  append    the fused call (rope::append_kv) into paged NHD k and v caches of --page-size slots
+            (default 16), pages in a random order, each sequence after [0, --context) cached tokens;
+            unfused: the backend's RoPE call, then a plain scatter of k and v into the same slots;
+            both against a copy of the bytes the fused call moves; --cache model|e4m3fn|e5m2
 QK-RMSNorm + RoPE (--op qknorm, CUDA backends; per-head norm, Llama-style weight of the dtype):
   qknorm    the fused call (rope::apply_qk_norm), rounding as --rounding says (default float32)
   unfused   bench/qk_norm_baseline.cu's RMSNorm of q, then of k, then the backend's RoPE call;
@@ -41,6 +46,7 @@ Bounds (beyond them an option is refused before any work): the ranges above; eac
 Examples:
   rope-bench --backend cpu-naive --shape 1,4,64,64 --reps 3
   rope-bench --backend cuda-optimized --shape 1,32,32768,128 --kv-heads 8 --dtype bf16 --packed 1..8192:32768 --runs 3
+  rope-bench --backend cuda-optimized --op append --shape 64,32,1,128 --kv-heads 8 --dtype bf16 --graph
   rope-bench --backend cuda-optimized --op qknorm --layout thd --shape 64,32,1,128 --kv-heads 8 --dtype bf16 --graph
 )";
 
@@ -184,8 +190,20 @@ Options parse_options(int argc, const char* const* argv) {
         ->excludes(mrope_option)
         ->excludes("--axial");
     std::string rounding = "float32";
-    CLI::Option* op_option = app.add_option("--op", options.op, "rope (default) or qknorm (QK-RMSNorm + RoPE)")
-                                 ->check(CLI::IsMember({"rope", "qknorm"}));
+    std::string cache = "model";
+    CLI::Option* op_option = app.add_option("--op", options.op, "rope (default), append (RoPE + KV append) or "
+                                                             "qknorm (QK-RMSNorm + RoPE)")
+                                 ->check(CLI::IsMember({"rope", "append", "qknorm"}));
+    app.add_option("--page-size", options.page_size, "--op append: slots per cache page (default 16)")
+        ->check(within(1, kMaxPageSize))
+        ->needs(op_option);
+    app.add_option("--context", options.context, "--op append: cached tokens per sequence drawn from [0, C) "
+                                                 "(default 2048)")
+        ->check(within(1, kMaxContext))
+        ->needs(op_option);
+    app.add_option("--cache", cache, "--op append: what the caches store: model, e4m3fn or e5m2 (default model)")
+        ->check(CLI::IsMember({"model", "e4m3fn", "e5m2"}))
+        ->needs(op_option);
     CLI::Option* rounding_option =
         app.add_option("--rounding", rounding, "--op qknorm: float32, hf_qwen3, hf_gemma3 or hf_olmo2 "
                                                "(default float32)")
@@ -211,6 +229,16 @@ Options parse_options(int argc, const char* const* argv) {
     options.style = rope::parse_style(style);
     options.layout = rope::parse_layout(layout);
     options.in_place = placement == "in";
+    options.cache_dtype = cache == "model"    ? rope::CacheDType::model
+                          : cache == "e4m3fn" ? rope::CacheDType::e4m3fn
+                                              : rope::CacheDType::e5m2;
+    if (options.op == "append") {  // [tokens, heads, head_dim] tensors, as rope::append_kv takes them.
+        if (layout_option->count() > 0 && options.layout != rope::Layout::thd)
+            throw UsageError("--layout " + layout + ": --op append takes thd ([tokens, heads, head_dim]) only");
+        if (cp.first > 1)
+            throw UsageError("--cp: --op append measures unsharded sequences only");
+        options.layout = rope::Layout::thd;
+    }
     options.rounding = rope::parse_qk_norm_rounding(rounding);
     if (rounding_option->count() > 0 && options.op != "qknorm")
         throw UsageError("--rounding " + rounding + ": only with --op qknorm, got --op " + options.op);

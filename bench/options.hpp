@@ -10,6 +10,7 @@
 
 #include "rope/config.hpp"
 #include "rope/dtype.hpp"
+#include "rope/kv_append.hpp"
 #include "rope/qk_norm.hpp"
 #include "rope/tensor.hpp"
 
@@ -26,6 +27,8 @@ constexpr int64_t kMaxHeads = int64_t(1) << 20;        ///< --kv-heads.
 constexpr int64_t kMaxPosition = (int64_t(1) << 31) - 1;  ///< --position-offset.
 constexpr int64_t kMaxElements = int64_t(1) << 34;     ///< q + k elements of one shape (64 GiB in fp32).
 constexpr int64_t kMaxTableRows = int64_t(1) << 24;    ///< --table: position offset + tokens x --cp SIZE.
+constexpr int64_t kMaxPageSize = int64_t(1) << 16;     ///< --page-size.
+constexpr int64_t kMaxContext = int64_t(1) << 20;      ///< --context: tokens already cached per sequence.
 /// @}
 
 /// @brief One --shape B,H,N,D: batch, q heads, tokens per sequence, head_dim (thd: B x N packed tokens).
@@ -76,8 +79,12 @@ struct Options {
     bool table = false;                 ///< --table: a caller's cos/sin table (RopeArgs::cos_sin_cache).
     bool ids = false;                   ///< --ids: the plain positions as an int64 ids tensor in memory.
     std::string format = "table";       ///< table or csv.
-    /// --op: rope (the RoPE call) or qknorm (QK-RMSNorm + RoPE: the fused call, the unfused steps).
+    /// --op: rope (the RoPE call), append (RoPE + KV append: the fused call, the unfused pair, their ceiling)
+    /// or qknorm (QK-RMSNorm + RoPE: the fused call, the unfused steps).
     std::string op = "rope";
+    int64_t page_size = 16;             ///< --op append: slots per cache page.
+    int64_t context = 2048;             ///< --op append: each sequence's cached tokens drawn from [0, context).
+    rope::CacheDType cache_dtype = rope::CacheDType::model;  ///< --op append: --cache model, e4m3fn or e5m2.
     rope::QkNormRounding rounding = rope::QkNormRounding::float32;  ///< --op qknorm: --rounding.
     bool help = false;                  ///< --help: print usage and do nothing else.
     std::string usage;                  ///< The help text (always filled).

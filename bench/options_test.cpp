@@ -44,6 +44,9 @@ TEST_CASE("defaults, and options read as written") {
     CHECK(parse({"--mrope", "interleaved", "--sections", "24,20,20"}).sections == std::vector<int64_t>{24, 20, 20});
     CHECK(parse({"--axial", "8,28,28"}).multi_axis == rope::AxisAssignment::axial);
     CHECK(parse({"--help"}).help);
+    const rope_bench::Options append = parse({"--op", "append", "--page-size", "32", "--cache", "e5m2"});
+    CHECK((append.op == "append" && append.layout == rope::Layout::thd && append.page_size == 32 &&
+           append.cache_dtype == rope::CacheDType::e5m2 && append.context == 2048));
     const rope_bench::Options qk = parse({"--op", "qknorm", "--rounding", "hf_qwen3"});
     CHECK((qk.op == "qknorm" && qk.rounding == rope::QkNormRounding::hf_qwen3));
     CHECK((parse({}).op == "rope" && parse({"--op", "qknorm"}).rounding == rope::QkNormRounding::float32));
@@ -99,11 +102,22 @@ TEST_CASE("the table of accepted and refused options") {
         {{"--dtype", "fp64"}, "--dtype: fp64 not in"},
         {{"--format", "xml"}, "--format: xml not in"},
         {{"--no-such-option"}, "--no-such-option"},
+        {{"--op", "append", "--page-size", "65536", "--context", "1048576", "--cache", "e4m3fn"}, ""},
+        {{"--op", "fuse"}, "--op: fuse not in"},
+        {{"--op", "append", "--page-size", "0"}, "--page-size: must be a number from 1 to 65536, got 0"},
+        {{"--op", "append", "--page-size", "1e9"}, "--page-size: must be a number from 1 to 65536, got 1e9"},
+        {{"--op", "append", "--context", "0"}, "--context: must be a number from 1 to 1048576, got 0"},
+        {{"--op", "append", "--context", "2e6"}, "--context: must be a number from 1 to 1048576, got 2e6"},
+        {{"--op", "append", "--cache", "int8"}, "--cache: int8 not in"},
+        {{"--page-size", "16"}, "--page-size requires --op"},
+        {{"--op", "append", "--layout", "bshd"}, "--layout bshd: --op append takes thd"},
+        {{"--op", "append", "--cp", "2,0"}, "--cp: --op append measures unsharded sequences only"},
         {{"--op", "qknorm", "--rounding", "hf_olmo2"}, ""},
         {{"--op", "norm"}, "--op: norm not in"},
         {{"--op", "qknorm", "--rounding", "bf16"}, "--rounding: bf16 not in"},
         {{"--rounding", "hf_qwen3"}, "--rounding requires --op"},
         {{"--op", "rope", "--rounding", "hf_qwen3"}, "--rounding hf_qwen3: only with --op qknorm, got --op rope"},
+        {{"--op", "append", "--rounding", "float32"}, "--rounding float32: only with --op qknorm, got --op append"},
     };
     for (const auto& [arguments, refusal] : table) {
         std::string line;

@@ -53,7 +53,8 @@ Cells cells_of(const Row& row) {
             {"form_detail", {row.form_detail}},
             {"ceilings", {ran ? m.ceiling.describe() : ""}},    // Every candidate's median microseconds.
             {"cache", {row.cache}},
-            {"op", {row.op}}};
+            {"op", {row.op}},
+            {"cache_dtype", {row.cache_dtype}}};
 }
 
 // The column names: those of any row's cells.

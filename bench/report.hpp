@@ -29,7 +29,10 @@ struct Row {
     int64_t sets = 0;       ///< Sets of q and k the calls rotate through.
     double bytes = 0;       ///< Bytes one call moves: q and k read once and written once.
     Summary summary;        ///< The measurement, when it ran.
-    std::string op = "rope";  ///< rope; qknorm (QK-RMSNorm + RoPE, fused) or qknorm-unfused (RMSNorm, then RoPE).
+    /// rope; append (RoPE + KV append, fused) or append-unfused (RoPE, then a scatter); qknorm (QK-RMSNorm +
+    /// RoPE, fused) or qknorm-unfused (RMSNorm of q and of k, then RoPE).
+    std::string op = "rope";
+    std::string cache_dtype;  ///< --op append: what the KV caches store (model, e4m3fn, e5m2); else empty.
 };
 
 /// @brief Writes @p rows in @p format ("table" or "csv") to @p out; a table is preceded by

@@ -12,8 +12,12 @@
 //   (x, y) = the pair's two features             (pair_elements)
 //   (x, y) <- (x cos - y sin, y cos + x sin)     (rotate_pair; sin negated for the inverse),
 //                                                read and written in place by rotate_pair_in_memory
-// and the features past rotary_dim are copied through unchanged.
+// and the features past rotary_dim are copied through unchanged. HF's DeepSeek
+// order (Style::interleaved_to_half) writes pair i to (i, i + rotary_dim/2), its
+// reverse to (2i, 2i+1) (output_pair_elements), once the whole row is read. A
+// rotary window past feature 0 arrives as plans of its own (detail::window_parts).
 #include <memory>
+#include <vector>
 
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/kv_append_plan.hpp"
@@ -33,10 +37,29 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
     const Geometry& g = operand.in_geometry;
     const Geometry& o = operand.out_geometry;
 
+    // A reordering style (HF's DeepSeek order) writes a pair where other pairs are read: the
+    // rotated row is gathered here first and written once all of it is read (safe in place).
+    const bool reordered = reorders(plan.style);
+    std::vector<float> rotated(reordered ? size_t(plan.rotary_dim) : 0);
+
     for (int64_t b = 0; b < g.batch; ++b) {
         for (int64_t h = 0; h < g.heads; ++h) {
             for (int64_t s = 0; s < g.seq; ++s) {
-                for (int64_t i = 0; i < plan.pairs; ++i) {
+                for (int64_t i = 0; reordered && i < plan.pairs; ++i) {
+                    const int64_t position = plan.positions.at(b, s, plan.angles.pair_axis[size_t(i)]);
+                    float cos_angle, sin_angle;
+                    rotation_factors(plan.angles, position, i, cos_angle, sin_angle);
+                    const PairIndex pair = pair_elements(plan.style, plan.rotary_dim, i);
+                    float x = to_float(in[g.offset(b, h, s, pair.first)]);
+                    float y = to_float(in[g.offset(b, h, s, pair.second)]);
+                    rotate_pair(x, y, cos_angle, sin_angle);
+                    const PairIndex to = output_pair_elements(plan.style, plan.rotary_dim, i);
+                    rotated[size_t(to.first)] = x;
+                    rotated[size_t(to.second)] = y;
+                }
+                for (int64_t d = 0; reordered && d < plan.rotary_dim; ++d)
+                    out[o.offset(b, h, s, d)] = from_float<Storage>(rotated[size_t(d)]);
+                for (int64_t i = 0; !reordered && i < plan.pairs; ++i) {
                     const int64_t position = plan.positions.at(b, s, plan.angles.pair_axis[size_t(i)]);
                     float cos_angle, sin_angle;
                     rotation_factors(plan.angles, position, i, cos_angle, sin_angle);

@@ -97,22 +97,10 @@ __global__ void kv_append_generic_kernel(const __grid_constant__ AppendArgs args
     }
 }
 
-void check_append_pointers(const KvAppendPlan& plan) {
-    check_device_pointers(plan.rope);
-    int device = 0;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    check_device_pointer("v.data", plan.v, device);
-    if (plan.slot_count > 0) check_device_pointer("slot_mapping.slots", plan.slots, device);
-    check_device_pointer("k_cache.data", plan.k_cache.data, device);
-    check_device_pointer("v_cache.data", plan.v_cache.data, device);
-    if (plan.k_cache.scale != nullptr) check_device_pointer("k_cache.scale", plan.k_cache.scale, device);
-    if (plan.v_cache.scale != nullptr) check_device_pointer("v_cache.scale", plan.v_cache.scale, device);
-}
-
 }  // namespace
 
 void launch_kv_append_generic(const KvAppendPlan& plan) {
-    check_append_pointers(plan);
+    check_device_pointers(plan);
     const Plan& rope = plan.rope;
     AppendArgs args{};
     args.q = rope.q;

@@ -23,6 +23,7 @@
 #include "rope/detail/qk_norm_plan.hpp"
 #include "rope/detail/pair_step.hpp"
 #include "rope/rotation.hpp"
+#include "to_half.hpp"
 
 namespace rope {
 namespace {
@@ -94,6 +95,8 @@ public:
     void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cuda_naive(plan); }  // naive_qk_norm.cu
     void run(const Plan& plan) override {
         cuda_detail::check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
+        // HF's DeepSeek order writes pairs where other pairs are read: a kernel that reads a row whole first.
+        if (reorders(plan.style)) return cuda_detail::launch_to_half(plan);
         NaiveArgs args{};
         args.operands[0] = plan.q;
         args.operands[1] = plan.k;

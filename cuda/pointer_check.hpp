@@ -30,6 +30,7 @@
 #include <string>
 
 #include "check.hpp"
+#include "rope/detail/kv_append_plan.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/error.hpp"
 
@@ -96,6 +97,22 @@ inline void check_device_pointers(const Plan& plan) {
         check_array(plan.positions.from.starts, "from.starts");
     }
     check_array(plan.angles.table.data, "cos_sin_cache.data");
+}
+
+/// @brief Checks every pointer a RoPE + KV append kernel will dereference: the rotation's (above),
+/// v, the slots, both caches and their scales.
+/// @param plan a validated, non-empty plan for Device::cuda.
+/// @throws rope::Error naming the first pointer that is not memory of the current device.
+inline void check_device_pointers(const KvAppendPlan& plan) {
+    check_device_pointers(plan.rope);
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    check_device_pointer("v.data", plan.v, device);
+    if (plan.slot_count > 0) check_device_pointer("slot_mapping.slots", plan.slots, device);
+    check_device_pointer("k_cache.data", plan.k_cache.data, device);
+    check_device_pointer("v_cache.data", plan.v_cache.data, device);
+    if (plan.k_cache.scale != nullptr) check_device_pointer("k_cache.scale", plan.k_cache.scale, device);
+    if (plan.v_cache.scale != nullptr) check_device_pointer("v_cache.scale", plan.v_cache.scale, device);
 }
 
 }  // namespace rope::cuda_detail

@@ -53,9 +53,11 @@ std::pair<std::string, bool> round_trip(Parse parse, Name name, std::string_view
 
 const std::vector<Parser>& parsers() {
     static const std::vector<Parser> all = {
-        {"parse_scaling_type", "rope_type", {"default", "none", "linear", "dynamic", "yarn", "llama3", "longrope"},
+        {"parse_scaling_type", "rope_type", {"default", "none", "linear", "dynamic", "yarn", "llama3", "longrope",
+                                                "deepseek_yarn"},
          [](std::string_view text) { return round_trip(rope::parse_scaling_type, rope::scaling_type_name, text); }},
-        {"parse_style", "style", {"neox", "half_split", "half-split", "gptj", "interleaved"},
+        {"parse_style", "style", {"neox", "half_split", "half-split", "gptj", "interleaved", "interleaved_to_half",
+                                     "interleaved-to-half", "half_to_interleaved", "half-to-interleaved"},
          [](std::string_view text) { return round_trip(rope::parse_style, rope::style_name, text); }},
         {"parse_dtype", "dtype", {"fp32", "float32", "f32", "fp16", "float16", "f16", "bf16", "bfloat16"},
          [](std::string_view text) { return round_trip(rope::parse_dtype, rope::dtype_name, text); }},

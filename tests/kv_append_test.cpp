@@ -802,6 +802,9 @@ TEST_CASE("append_kv rejects bad input, naming the parameter, and writes nothing
              s.k_scales = {NAN};
              a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
          }},
+        {"config.rotary_offset = 8", [](Setup& s, rope::KvAppendArgs&) { s.config.rotary_offset = 8, s.config.rotary_dim = 16; }},
+        {"config.style = interleaved_to_half",
+         [](Setup& s, rope::KvAppendArgs&) { s.config.style = rope::Style::interleaved_to_half; }},
         {"k_cache.scale[0] = inf",
          [](Setup& s, rope::KvAppendArgs& a) {
              s.k_scales = {INFINITY};

@@ -1,6 +1,7 @@
 // Float64 RoPE for tests, written independently of the backends (see oracle.hpp).
 #include "oracle.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <complex>
 #include <cstdint>
@@ -72,6 +73,8 @@ std::vector<long> position_table(const rope::Positions& p, long batch, long seq,
     return table;
 }
 
+void deepseek_yarn(const rope::RopeConfig& config, long rotary, std::vector<double>& theta);
+
 // Which axis turns each pair, and its theta, from RopeConfig::multi_axis's definition.
 struct PairRule {
     std::vector<long> axis;
@@ -114,7 +117,38 @@ PairRule pair_rule(const rope::RopeConfig& config, long rotary) {
         rule.theta[size_t(j)] = std::exp(-exponent * log_base);
         if (config.scaling.type == rope::ScalingType::linear) rule.theta[size_t(j)] /= config.scaling.factor;
     }
+    if (config.scaling.type == rope::ScalingType::deepseek_yarn) deepseek_yarn(config, rotary, rule.theta);
     return rule;
+}
+
+// DeepSeek's YaRN, from the YaRN paper's "NTK-by-parts" as DeepSeek's reference code
+// writes it: pair j keeps theta_j when its wavelength fits more than beta_fast
+// times into the original context, is divided by factor below beta_slow, and a
+// linear blend in j between the two (bounds floored / ceiled when truncating).
+void deepseek_yarn(const rope::RopeConfig& config, long rotary, std::vector<double>& theta) {
+    const rope::Scaling& s = config.scaling;
+    const double pi = 3.14159265358979323846;
+    // The pair index j at which 2 pi / theta_j * rotations = original context.
+    auto bound = [&](double rotations) {
+        return double(rotary) * std::log(double(s.original_max_position_embeddings) / (rotations * 2 * pi)) /
+               (2 * std::log(config.base));
+    };
+    double low = bound(s.beta_fast), high = bound(s.beta_slow);
+    if (s.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, double(rotary - 1));
+    if (high == low) high += 0.001;
+    for (size_t j = 0; j < theta.size(); ++j) {
+        const double blend = std::min(1.0, std::max(0.0, (double(j) - low) / (high - low)));  // 1: interpolate
+        theta[j] = (1 - blend) * theta[j] + blend * theta[j] / s.factor;
+    }
+}
+
+// The magnitude of cos and sin: deepseek_yarn's mscale(factor, mscale) / mscale(factor, mscale_all_dim).
+double magnitude(const rope::Scaling& s) {
+    if (s.type != rope::ScalingType::deepseek_yarn) return 1.0;
+    auto mscale = [&](double m) { return s.factor <= 1 ? 1.0 : 1 + 0.1 * m * std::log(s.factor); };
+    return mscale(s.mscale) / mscale(s.mscale_all_dim);
 }
 
 std::vector<double> rotate_with(const rope::RopeConfig& config, const rope::TensorView& x,
@@ -123,12 +157,14 @@ std::vector<double> rotate_with(const rope::RopeConfig& config, const rope::Tens
     // The oracle's independence is in the rotation; the other scaling types'
     // frequencies are checked against HuggingFace's own (tests/scaling_test.cpp),
     // so refuse them here rather than silently rotating with unscaled ones.
-    if (config.scaling.type != rope::ScalingType::none && config.scaling.type != rope::ScalingType::linear)
-        throw std::invalid_argument("oracle::rotate supports scaling none and linear only");
+    if (config.scaling.type != rope::ScalingType::none && config.scaling.type != rope::ScalingType::linear &&
+        config.scaling.type != rope::ScalingType::deepseek_yarn)
+        throw std::invalid_argument("oracle::rotate supports scaling none, linear and deepseek_yarn only");
     if (table != nullptr && (table->device != rope::Device::host || table->dtype != rope::DType::f32))
         throw std::invalid_argument("oracle: the cos/sin table must be float32 on the host");
     const Sizes n = sizes_of(x);
-    const long rotary = config.rotary_dim == 0 ? config.head_dim : config.rotary_dim;
+    const long offset = config.rotary_offset;  // The window: features [offset, offset + rotary).
+    const long rotary = config.rotary_dim == 0 ? config.head_dim - offset : config.rotary_dim;
     const long pairs = rotary / 2;
     const long axes = config.multi_axis.assignment == rope::AxisAssignment::single ? 1 : long(config.multi_axis.sections.size());
     const PairRule rule = pair_rule(config, rotary);
@@ -136,27 +172,41 @@ std::vector<double> rotate_with(const rope::RopeConfig& config, const rope::Tens
     const double sign = direction == rope::Direction::forward ? 1.0 : -1.0;
 
     // cos + i sin of pair j at position p: computed, or read from the caller's table.
+    const double scale = magnitude(config.scaling);
     auto turn = [&](long p, long j) -> std::complex<double> {
-        if (table == nullptr) return std::polar(1.0, sign * double(p) * rule.theta[size_t(j)]);
+        if (table == nullptr) return scale * std::polar(1.0, sign * double(p) * rule.theta[size_t(j)]);
         if (p < 0 || p >= table->rows) return {NAN, NAN};
         const long stride = table->row_stride == 0 ? table->cols : table->row_stride;
         const float* row = static_cast<const float*>(table->data) + p * stride;
         return {double(row[j]), sign * double(row[pairs + j])};
     };
 
-    std::vector<double> out = input != nullptr ? *input : values(x);
+    const std::vector<double> in = input != nullptr ? *input : values(x);
+    std::vector<double> out = in;
+    // Pair j is read at (2j, 2j+1) for GPT-J, at (j, j + pairs) for NeoX, and written where
+    // it was read. HF's DeepSeek order reads at (2j, 2j+1) and writes at (j, j + pairs);
+    // half_to_interleaved the reverse; the inverse of either reads where its forward wrote
+    // and writes where it read (the transpose).
+    const bool forward = direction == rope::Direction::forward;
+    const bool to_half = config.style == rope::Style::interleaved_to_half;
+    const bool to_interleaved = config.style == rope::Style::half_to_interleaved;
+    const bool read_adjacent =
+        config.style == rope::Style::interleaved || (to_half && forward) || (to_interleaved && !forward);
+    const bool write_adjacent =
+        config.style == rope::Style::interleaved || (to_half && !forward) || (to_interleaved && forward);
     for (long b = 0; b < n.batch; ++b) {
         for (long s = 0; s < n.seq; ++s) {
             for (long h = 0; h < n.heads; ++h) {
-                double* row = out.data() + ((b * n.heads + h) * n.seq + s) * n.dim;
+                const double* source = in.data() + ((b * n.heads + h) * n.seq + s) * n.dim + offset;
+                double* row = out.data() + ((b * n.heads + h) * n.seq + s) * n.dim + offset;
                 for (long j = 0; j < pairs; ++j) {
                     const long p = position[size_t((b * n.seq + s) * axes + rule.axis[size_t(j)])];
-                    const bool interleaved = config.style == rope::Style::interleaved;
-                    const long first = interleaved ? 2 * j : j;
-                    const long second = interleaved ? 2 * j + 1 : j + pairs;
-                    const std::complex<double> turned = std::complex<double>(row[first], row[second]) * turn(p, j);
-                    row[first] = turned.real();
-                    row[second] = turned.imag();
+                    const std::complex<double> turned =
+                        std::complex<double>(source[read_adjacent ? 2 * j : j],
+                                             source[read_adjacent ? 2 * j + 1 : j + pairs]) *
+                        turn(p, j);
+                    row[write_adjacent ? 2 * j : j] = turned.real();
+                    row[write_adjacent ? 2 * j + 1 : j + pairs] = turned.imag();
                 }
             }
         }

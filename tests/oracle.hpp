@@ -43,7 +43,11 @@ std::vector<long> held_tokens(long local_length, long cp_size, long cp_rank);
 double read(const rope::TensorView& view, long b, long h, long s, long d);
 
 // Exact RoPE of one host tensor in float64; the result is dense in (batch, heads, seq, dim) order.
-// Positions must live on the host; scaling may be none or linear (others throw std::invalid_argument).
+// Positions must live on the host; scaling may be none, linear or deepseek_yarn (others throw
+// std::invalid_argument). The rotary window [rotary_offset, rotary_offset + rotary_dim) is rotated,
+// the rest kept; HF's DeepSeek order (Style::interleaved_to_half) reads pair j at (2j, 2j+1) of the
+// window and writes it at (j, j + rotary_dim/2), half_to_interleaved the reverse; their inverse
+// rotations read where the forward wrote and write where it read.
 std::vector<double> rotate(const rope::RopeConfig& config, const rope::TensorView& x,
                            const rope::Positions& positions, rope::Direction direction);
 

@@ -509,6 +509,18 @@ TEST_CASE("qk_norm bad input: a clear error naming the parameter, nothing writte
     refused([&](auto& a) { a.q_weight.data = q_out.view.data; a.q_weight.dtype = rope::DType::bf16; }, "q_out.data");
     refused([&](auto& a) { a.kind = static_cast<rope::QkNormKind>(7); }, "kind");
     refused([&](auto& a) { a.rounding = static_cast<rope::QkNormRounding>(9); }, "rounding");
+    {  // The fused loops rotate from feature 0 and write each pair where they read it.
+        rope::RopeConfig windowed = config;
+        windowed.rotary_offset = 32, windowed.rotary_dim = 32;
+        CHECK_THROWS_WITH_AS(rope::apply_qk_norm(*backend, windowed, good()), doctest::Contains("config.rotary_offset = 32"),
+                             rope::Error);
+        rope::RopeConfig reordered = config;
+        reordered.style = rope::Style::interleaved_to_half;
+        CHECK_THROWS_WITH_AS(rope::apply_qk_norm(*backend, reordered, good()), doctest::Contains("config.style"),
+                             rope::Error);
+        CHECK(q_out.storage == q_out_before.storage);
+        CHECK(k_out.storage == k_out_before.storage);
+    }
     // The weight in the model's dtype is accepted.
     rope::QkNormArgs ok = good();
     ok.q_weight = w_bf16.view;

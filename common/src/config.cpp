@@ -50,7 +50,7 @@ void validate_scaling(const Scaling& scaling, int64_t rotary_dim, double base) {
             fail(field("long_factor.size()"), scaling.long_factor.size(), read_only_by("longrope", type));
     }
 
-    if (type == ScalingType::yarn) {
+    if (type == ScalingType::yarn || type == ScalingType::deepseek_yarn) {
         require_finite_positive("beta_slow", scaling.beta_slow);
         if (!std::isfinite(scaling.beta_fast)) fail(field("beta_fast"), scaling.beta_fast, "must be finite");
         if (scaling.beta_fast <= scaling.beta_slow)
@@ -64,7 +64,10 @@ void validate_scaling(const Scaling& scaling, int64_t rotary_dim, double base) {
             if (value < 0.0) fail(field(name), value, "must be >= 0 (0 means unset)");
         }
         // The correction range divides by log(base).
-        if (base == 1.0) fail("base", base, "must not be 1 with yarn scaling (its correction range divides by ln(base))");
+        if (base == 1.0)
+            fail("base", base,
+                 "must not be 1 with " + std::string(scaling_type_name(type)) +
+                     " scaling (its correction range divides by ln(base))");
     }
     if (type == ScalingType::llama3) {
         require_finite_positive("low_freq_factor", scaling.low_freq_factor);
@@ -139,9 +142,19 @@ void validate_multi_axis(const MultiAxis& multi_axis, int64_t rotary_dim, Scalin
 void validate(const RopeConfig& config) {
     if (config.head_dim <= 0) fail("head_dim", config.head_dim, "must be > 0");
     if (config.rotary_dim < 0) fail("rotary_dim", config.rotary_dim, "must be >= 0 (0 means head_dim)");
+    if (config.rotary_offset < 0)
+        fail("rotary_offset", config.rotary_offset, "must be >= 0 (the first feature of the rotary window)");
+    if (config.rotary_offset >= config.head_dim)
+        fail("rotary_offset", config.rotary_offset,
+             "must be < head_dim = " + std::to_string(config.head_dim) + " (the window starts inside the head)");
     const int64_t rotary_dim = config.effective_rotary_dim();
     if (rotary_dim > config.head_dim)
         fail("rotary_dim", rotary_dim, "must not exceed head_dim = " + std::to_string(config.head_dim));
+    // Compared as head_dim - rotary_dim: the sum of two huge values could overflow.
+    if (config.rotary_offset > config.head_dim - rotary_dim)
+        fail("rotary_offset", config.rotary_offset,
+             "plus rotary_dim = " + std::to_string(rotary_dim) + " must not exceed head_dim = " +
+                 std::to_string(config.head_dim) + " (the window [offset, offset + rotary_dim) lies in the head)");
     if (rotary_dim % 2 != 0) fail("rotary_dim", rotary_dim, "must be even (features rotate in pairs)");
     if (!std::isfinite(config.base)) fail("base", config.base, "must be finite");
     if (config.base <= 0.0) fail("base", config.base, "must be > 0");

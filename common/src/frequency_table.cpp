@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "rope/detail/plan.hpp"
+#include "rope/error.hpp"
 #include "rope/frequency_table.hpp"
 
 namespace rope {
@@ -39,11 +40,14 @@ double dynamic_base(double base, const Scaling& scaling, int64_t rotary_dim, int
 // YaRN's attention factor: sqrt(1/t) of the paper, 0.1 ln(s) + 1 for scale s.
 double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
 
+// The cos/sin magnitude of yarn and of deepseek_yarn, which share everything else.
 double yarn_attention_factor(const Scaling& scaling) {
     if (scaling.attention_factor) return *scaling.attention_factor;
-    // DeepSeek's form: both must be set (non-zero), as HF's `if mscale and mscale_all_dim`.
-    if (scaling.mscale != 0.0 && scaling.mscale_all_dim != 0.0)
-        return yarn_mscale(scaling.factor, scaling.mscale) / yarn_mscale(scaling.factor, scaling.mscale_all_dim);
+    const double deepseek = yarn_mscale(scaling.factor, scaling.mscale) / yarn_mscale(scaling.factor, scaling.mscale_all_dim);
+    // deepseek_yarn takes the ratio as given (vLLM's DeepseekScalingRotaryEmbedding, where 0 gives a term of 1).
+    if (scaling.type == ScalingType::deepseek_yarn) return deepseek;
+    // yarn: DeepSeek's form only when both are set (non-zero), as HF's `if mscale and mscale_all_dim`.
+    if (scaling.mscale != 0.0 && scaling.mscale_all_dim != 0.0) return deepseek;
     return yarn_mscale(scaling.factor, 1.0);
 }
 
@@ -164,6 +168,7 @@ FrequencyTable build_frequency_table(const RopeConfig& config, int64_t max_posit
             for (double& t : theta) t /= scaling.factor;
             break;
         case ScalingType::yarn:
+        case ScalingType::deepseek_yarn:  // The same frequencies; only the magnitude's rule differs.
             apply_yarn(theta, scaling, rotary_dim, config.base);
             attention_factor = yarn_attention_factor(scaling);
             break;
@@ -198,6 +203,16 @@ FrequencyTable build_frequency_table(const RopeConfig& config, int64_t max_posit
 }
 
 }  // namespace detail
+
+double softmax_scale_multiplier(const Scaling& scaling) {
+    if (scaling.type != ScalingType::yarn && scaling.type != ScalingType::deepseek_yarn) return 1.0;
+    if (!std::isfinite(scaling.factor) || scaling.factor <= 0.0)
+        fail("scaling.factor", scaling.factor, "must be finite and > 0");
+    if (!std::isfinite(scaling.mscale_all_dim) || scaling.mscale_all_dim < 0.0)
+        fail("scaling.mscale_all_dim", scaling.mscale_all_dim, "must be finite and >= 0 (0 means unset)");
+    const double mscale = yarn_mscale(scaling.factor, scaling.mscale_all_dim);
+    return mscale * mscale;
+}
 
 FrequencyTable make_frequency_table(const RopeConfig& config, int64_t max_position) {
     validate(config);

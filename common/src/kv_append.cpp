@@ -248,6 +248,7 @@ KvAppendPlan make_kv_append_plan(const RopeConfig& config, const KvAppendArgs& a
                        args.cos_sin_cache};
     KvAppendPlan plan;
     plan.rope = make_plan(config, rope_args, device);  // q, k, q_out, k_out, positions, table.
+    detail::refuse_window_and_reordering(config, "append_kv");
     const Geometry q = args.q.geometry(), k = args.k.geometry(), v = args.v.geometry();
     const DType model = args.q.dtype;
     if (q.batch > 1)

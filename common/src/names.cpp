@@ -18,7 +18,11 @@ DType parse_dtype(std::string_view name) {
 Style parse_style(std::string_view name) {
     if (name == "neox" || name == "half_split" || name == "half-split") return Style::half_split;
     if (name == "gptj" || name == "interleaved") return Style::interleaved;
-    fail("style", std::string(name), "expected neox (half-split) or gptj (interleaved)");
+    if (name == "interleaved_to_half" || name == "interleaved-to-half") return Style::interleaved_to_half;
+    if (name == "half_to_interleaved" || name == "half-to-interleaved") return Style::half_to_interleaved;
+    fail("style", std::string(name),
+         "expected neox (half-split), gptj (interleaved), interleaved_to_half (HF's DeepSeek order) or "
+         "half_to_interleaved");
 }
 
 std::string_view axis_assignment_name(AxisAssignment assignment) {

@@ -406,6 +406,9 @@ Plan detail::make_plan(const RopeConfig& config, const RopeArgs& args, Device de
 
     Plan plan;
     plan.style = config.style;
+    // The inverse of a reordering style reads its output order and writes its input order.
+    if (args.direction == Direction::inverse && reorders(config.style))
+        plan.style = config.style == Style::interleaved_to_half ? Style::half_to_interleaved : Style::interleaved_to_half;
     plan.dtype = dtype;
     plan.device = device;
     plan.batch = q.batch;
@@ -413,6 +416,7 @@ Plan detail::make_plan(const RopeConfig& config, const RopeArgs& args, Device de
     plan.head_dim = q.head_dim;
     plan.rotary_dim = rotary_dim;
     plan.pairs = rotary_dim / 2;
+    plan.rotary_offset = config.rotary_offset;
     plan.axes = config.multi_axis.axes();
     plan.q = Operand{args.q.data, args.q_out.data, q, args.q_out.geometry()};
     plan.k = Operand{args.k.data, args.k_out.data, k, args.k_out.geometry()};
@@ -476,6 +480,50 @@ std::vector<float> make_cos_sin_cache(const RopeConfig& config, int64_t rows, in
 }
 
 namespace detail {
+
+void refuse_window_and_reordering(const RopeConfig& config, std::string_view call) {
+    if (config.rotary_offset != 0)
+        fail("config.rotary_offset", config.rotary_offset,
+             "must be 0 for " + std::string(call) +
+                 ": its fused loops rotate from the head's first feature (rotate a window with rope::apply)");
+    if (config.style == Style::interleaved_to_half || config.style == Style::half_to_interleaved)
+        fail("config.style", style_name(config.style),
+             "is not taken by " + std::string(call) +
+                 ": its fused loops write each pair where they read it (use neox or gptj; HF's DeepSeek order "
+                 "runs through rope::apply)");
+}
+
+std::vector<Plan> window_parts(const Plan& plan) {
+    if (plan.rotary_offset == 0) return {plan};
+    const int64_t offset = plan.rotary_offset;
+    std::vector<Plan> parts;
+    // Features [0, offset): copied for an operand with an output of its own, nothing to do in place.
+    Plan copy = plan;
+    copy.style = Style::half_split;  // No pair rotates: any style would do.
+    copy.rotary_dim = copy.pairs = copy.rotary_offset = 0;
+    copy.head_dim = offset;
+    copy.angles.inv_freq.clear();
+    copy.angles.inv_freq_low.clear();
+    copy.angles.pair_axis.clear();
+    for (Operand* operand : {&copy.q, &copy.k}) {
+        operand->in_geometry.head_dim = operand->out_geometry.head_dim = offset;
+        if (operand->in == operand->out) operand->in_geometry.heads = operand->out_geometry.heads = 0;
+    }
+    if (!copy.empty()) parts.push_back(std::move(copy));
+    // Features [offset, head_dim): rows that start at the window.
+    Plan window = plan;
+    window.rotary_offset = 0;
+    window.head_dim = plan.head_dim - offset;
+    const int64_t element = dtype_size(plan.dtype);
+    for (Operand* operand : {&window.q, &window.k}) {
+        operand->in_geometry.head_dim = operand->out_geometry.head_dim = window.head_dim;
+        if (operand->in_geometry.numel() == 0) continue;  // No memory to point into (the pointer may be null).
+        operand->in = static_cast<const char*>(operand->in) + offset * operand->in_geometry.stride_dim * element;
+        operand->out = static_cast<char*>(operand->out) + offset * operand->out_geometry.stride_dim * element;
+    }
+    parts.push_back(std::move(window));
+    return parts;
+}
 
 std::optional<FrequencyTable> reusable_frequency_table(const RopeConfig& config) {
     validate(config);

@@ -143,6 +143,7 @@ void check_v_out(const TensorView& v_out, const TensorView& v, Device device) {
 
 QkNormPlan make_qk_norm_plan(const RopeConfig& config, const QkNormArgs& args, Device device) {
     validate(config);
+    detail::refuse_window_and_reordering(config, "apply_qk_norm");
     const int kind = static_cast<int>(args.kind), rounding = static_cast<int>(args.rounding);
     if (kind < 0 || kind > static_cast<int>(QkNormKind::across_heads))
         fail("kind", kind, "expected per_head, per_head_gemma or across_heads");

@@ -167,7 +167,8 @@ void check_supported(const Backend& backend, const Plan& plan) {
 void detail::run_plan(Backend& backend, const Plan& plan) {
     check_supported(backend, plan);
     if (plan.empty()) return;  // An empty tensor is a valid no-op.
-    backend.run(plan);
+    if (plan.rotary_offset == 0) return backend.run(plan);
+    for (const Plan& part : detail::window_parts(plan)) backend.run(part);
 }
 
 void apply(Backend& backend, const RopeConfig& config, const RopeArgs& args) {

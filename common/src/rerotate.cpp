@@ -49,6 +49,10 @@ void rerotate(Backend& backend, const RopeConfig& config, const RerotateArgs& ar
     // (and cuda-optimized's default-angle kernel, which never reads `from`, cannot run).
     RopeConfig precise = config;
     precise.precise_angles = true;
+    // Keys rotated in a reordering style (HF's DeepSeek order) lie in its output order, and a
+    // re-rotation keeps that layout: it turns their pairs where they lie.
+    if (config.style == Style::interleaved_to_half) precise.style = Style::half_split;
+    if (config.style == Style::half_to_interleaved) precise.style = Style::interleaved;
     RopeArgs call;
     call.q = call.q_out = without_heads(args.k);
     call.k = args.k;

@@ -86,6 +86,7 @@ void fill_trig_row(const Plan& plan, const Chunk& chunk, int64_t t, float* cos, 
 // and the rotary width.
 template <typename Storage>
 RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand, int64_t rotary_dim) {
+    if (reorders(style)) return reordering_row_kernel<Storage>(style);
     const bool contiguous = operand.in_geometry.stride_dim == 1 && operand.out_geometry.stride_dim == 1;
     if constexpr (!std::is_same_v<Storage, float>) {
         if (contiguous)

@@ -3,6 +3,7 @@
 // every other row falls back to; row.hpp lists them all).
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -116,7 +117,42 @@ void rotate_row(Row<const Storage> in, Row<Storage> out, const float* cos, const
     for (int64_t d = rotary_dim; d < shape.head_dim; ++d) out.data[d * out.stride] = in.data[d * in.stride];
 }
 
+// HF's DeepSeek order (Style::interleaved_to_half): pair i is read from features
+// (2i, 2i+1) and written to (i, i + rotary_dim/2), which are other pairs' inputs
+// (half_to_interleaved: the reverse). So the whole window is rotated into this
+// thread's buffer before any of it is written, which keeps an in-place call right.
+// Scalar: the window is short (64 features in DeepSeek) and the compiler vectorises
+// the loops it can.
+template <typename Storage, Style kStyle>
+void rotate_row_reordered(Row<const Storage> in, Row<Storage> out, const float* cos, const float* sin,
+                          RowShape shape) {
+    thread_local std::vector<float> rotated;
+    if (rotated.size() < size_t(shape.rotary_dim)) rotated.resize(size_t(shape.rotary_dim));
+    for (int64_t i = 0; i < shape.pairs; ++i) {
+        const PairIndex from = pair_elements(kStyle, shape.rotary_dim, i);
+        float x = to_float(in.data[from.first * in.stride]);
+        float y = to_float(in.data[from.second * in.stride]);
+        rotate_pair(x, y, cos[i], sin[i]);
+        const PairIndex to = output_pair_elements(kStyle, shape.rotary_dim, i);
+        rotated[size_t(to.first)] = x;
+        rotated[size_t(to.second)] = y;
+    }
+    for (int64_t d = 0; d < shape.rotary_dim; ++d) out.data[d * out.stride] = from_float<Storage>(rotated[size_t(d)]);
+    if (out.data == in.data) return;
+    for (int64_t d = shape.rotary_dim; d < shape.head_dim; ++d) out.data[d * out.stride] = in.data[d * in.stride];
+}
+
 }  // namespace
+
+template <typename Storage>
+RowKernel<Storage> reordering_row_kernel(Style style) {
+    return style == Style::interleaved_to_half ? rotate_row_reordered<Storage, Style::interleaved_to_half>
+                                               : rotate_row_reordered<Storage, Style::half_to_interleaved>;
+}
+
+template RowKernel<float> reordering_row_kernel<float>(Style);
+template RowKernel<float16> reordering_row_kernel<float16>(Style);
+template RowKernel<bfloat16> reordering_row_kernel<bfloat16>(Style);
 
 template <typename Storage>
 RowKernel<Storage> eigen_row_kernel(Style style, bool contiguous) {

@@ -8,7 +8,8 @@
 // operand and call (pick_row_kernel in backend.cpp) and calls it through a
 // pointer for every row.
 //
-//   rotate_row.cpp  float32 rows, and strided rows of any type: Eigen arrays.
+//   rotate_row.cpp  float32 rows, and strided rows of any type: Eigen arrays;
+//                   and any row in HF's DeepSeek order (reordering_row_kernel).
 //   half_rows.cpp   contiguous fp16/bf16 rows: widened to float32, rotated,
 //                   rounded back; with the processor's own conversions and
 //                   AVX-512 where it has them.
@@ -45,6 +46,12 @@ constexpr int64_t kMaxWidenedDim = 1024;
 // whose features are not adjacent (@p contiguous false).
 template <typename Storage>
 RowKernel<Storage> eigen_row_kernel(Style style, bool contiguous);
+
+// The kernel for a style that writes pairs in another order than it reads them
+// (Style::interleaved_to_half, HF's DeepSeek order, and half_to_interleaved; rotate_row.cpp),
+// for any storage and stride: it reads a row's whole window before writing it.
+template <typename Storage>
+RowKernel<Storage> reordering_row_kernel(Style style);
 
 // The kernel for a contiguous fp16/bf16 row (half_rows.cpp): the fastest this
 // processor runs; nullptr when none applies (rotary_dim > kMaxWidenedDim without

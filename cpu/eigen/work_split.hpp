@@ -95,7 +95,8 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
     split.position_rows = per_sequence_ids ? plan.batch : 1;
     split.heads = (per_sequence_ids ? 1 : plan.batch) * (plan.q.in_geometry.heads + plan.k.in_geometry.heads);
     split.seq = plan.seq;
-    const int64_t table_row_bytes = 2 * int64_t(sizeof(float)) * plan.pairs;
+    // At least one pair's worth: a plan with none (the copy part of a rotary window) still splits.
+    const int64_t table_row_bytes = 2 * int64_t(sizeof(float)) * std::max<int64_t>(plan.pairs, 1);
     split.chunk_tokens = std::clamp<int64_t>(kChunkTableBytes / table_row_bytes, 1, plan.seq);
     split.chunks_per_row = (plan.seq + split.chunk_tokens - 1) / split.chunk_tokens;
     split.heads_outer = plan.q.in_geometry.stride_seq < plan.q.in_geometry.stride_head;

@@ -5,7 +5,8 @@
 // thread does before and around its first loads in prologue.cuh; what the
 // launch knows about the device in device_launch.cuh; how a thread touches its
 // chunk of a row (16-byte vectors, or the generic strided fallback) in
-// row_access.cuh and vector_layout.hpp. This file is the backend: it decides
+// row_access.cuh and vector_layout.hpp; RoPE fused with the KV-cache append
+// in kv_append.cu. This file is the backend: it decides
 // the regime of a call, once, and picks for it the access path, the batching
 // of loads, the launch shape and the capacity of the angle arguments, and
 // launches. The choices are the fastest of the lab's sweep: bench/tune.cu
@@ -15,12 +16,13 @@
 
 #include "check.hpp"
 #include "kernel_args.cuh"
-#include "kv_append_generic.hpp"
+#include "kv_append.cuh"
 #include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/qk_norm_plan.hpp"
 #include "device_launch.cuh"
 #include "row_access.cuh"
+#include "to_half.hpp"
 #include "unit_kernel.cuh"
 
 namespace rope {
@@ -86,6 +88,9 @@ public:
     void run_qk_norm(const QkNormPlan& plan) override { detail::run_qk_norm_cuda_optimized(plan); }  // qk_norm.cu
     void run(const Plan& plan) override {
         check_device_pointers(plan);  // Host or another GPU's memory: a rope::Error, not a fault.
+        // HF's DeepSeek order: the shared kernel of its own (to_half.cu), which reads a row's window
+        // whole before writing it; the unit kernel's instantiations for the other styles stay as they are.
+        if (reorders(plan.style)) return launch_to_half(plan);
         const DeviceInfo device = current_device_info();
         dispatch_dtype(plan.dtype, [&](auto storage) {
             using Storage = decltype(storage);
@@ -95,8 +100,10 @@ public:
                 launch_for_plan<Storage, int(kMaxPairs)>(plan, device);
         });
     }
-    // RoPE + KV append: the generic kernel (kv_append_generic.cu) until this backend has its own.
-    void run_kv_append(const KvAppendPlan& plan) override { launch_kv_append_generic(plan); }
+    // RoPE + KV append: its own 16-byte kernel (kv_append.cu), the generic one for other views.
+    void run_kv_append(const KvAppendPlan& plan) override {
+        launch_kv_append_optimized(plan, current_device_info());
+    }
 
 private:
     // The current device's SM count and capabilities: attribute queries, which

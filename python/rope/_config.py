@@ -116,14 +116,22 @@ class Config:
 
     Args:
         head_dim: features per head (the last axis of q and k).
-        rotary_dim: features that rotate, from the start of each head (partial
-            rotary); None or 0 means head_dim. A ``partial_rotary_factor`` in
+        rotary_dim: features that rotate, from ``rotary_offset`` on (partial
+            rotary); None or 0 means the rest of the head. A ``partial_rotary_factor`` in
             ``scaling`` gives int(head_dim * factor), as HuggingFace computes it.
+        rotary_offset: first feature of the rotary window ``[rotary_offset, rotary_offset +
+            rotary_dim)``; the features outside it keep their bits. DeepSeek's MLA q head is
+            ``[nope 128 | pe 64]``: ``rotary_offset=128, rotary_dim=64`` (default 0).
         base: ``rope_theta`` (default 10000); may come from ``scaling['rope_theta']``.
-        style: ``"neox"`` (half-split, HuggingFace's rotate_half) or ``"gptj"`` (interleaved).
+        style: ``"neox"`` (half-split, HuggingFace's rotate_half), ``"gptj"`` (interleaved),
+            ``"interleaved_to_half"`` (HF's DeepSeek ``apply_rotary_pos_emb_interleave``:
+            pairs (2i, 2i+1) read, written to (i, i + rotary_dim/2)), or its reverse
+            ``"half_to_interleaved"``. The inverse rotation (the backward pass) of a style
+            that reorders reads where its forward wrote: the exact transpose.
         scaling: a HuggingFace ``rope_parameters`` / ``rope_scaling`` dict, as is:
             rope_type (or type), factor, original_max_position_embeddings,
-            attention_factor, beta_fast, beta_slow, truncate, mscale,
+            attention_factor, beta_fast, beta_slow, truncate, mscale (rope_type
+            ``"deepseek_yarn"``: DeepSeek's YaRN, see ``softmax_scale_multiplier``),
             mscale_all_dim, low_freq_factor, high_freq_factor, short_factor,
             long_factor, rope_theta, partial_rotary_factor, mrope_section,
             mrope_interleaved. Any other key raises rope.Error.
@@ -140,7 +148,7 @@ class Config:
     def __init__(self, head_dim: int, rotary_dim: Optional[int] = None, base: Optional[float] = None,
                  style: str = "neox", scaling: Optional[Mapping[str, Any]] = None, precise_angles: bool = False,
                  mrope_section: Optional[Sequence[int]] = None, mrope_interleaved: bool = False,
-                 axial_sections: Optional[Sequence[int]] = None) -> None:
+                 axial_sections: Optional[Sequence[int]] = None, rotary_offset: int = 0) -> None:
         fields = _parse_scaling(scaling or {})
         # A keyword and a dict entry for the same thing must agree.
         base = _agree("base", base, "rope_theta", fields.pop("config.base", None))
@@ -155,6 +163,7 @@ class Config:
         native = _rope.RopeConfig()
         native.head_dim = head_dim
         native.rotary_dim = _integer("rotary_dim", rotary_dim or 0)
+        native.rotary_offset = _integer("rotary_offset", rotary_offset or 0)
         try:
             native.base = float(10000.0 if base is None else base)
         except (TypeError, ValueError, OverflowError):
@@ -192,14 +201,20 @@ class Config:
         return self._native.effective_rotary_dim()
 
     @property
+    def rotary_offset(self) -> int:
+        """First feature of the rotary window (0: the window starts the head)."""
+        return self._native.rotary_offset
+
+    @property
     def base(self) -> float:
         """rope_theta."""
         return self._native.base
 
     @property
     def style(self) -> str:
-        """"neox" (half-split) or "gptj" (interleaved)."""
-        return "neox" if self._native.style == _rope.Style.half_split else "gptj"
+        """"neox" (half-split), "gptj" (interleaved), "interleaved_to_half" (HF's DeepSeek order) or
+        "half_to_interleaved"."""
+        return _rope.style_name(self._native.style)
 
     @property
     def scaling(self) -> dict:
@@ -214,7 +229,7 @@ class Config:
             out["original_max_position_embeddings"] = s.original_max_position_embeddings
         if s.attention_factor is not None:
             out["attention_factor"] = s.attention_factor
-        if kind == "yarn":
+        if kind in ("yarn", "deepseek_yarn"):
             out.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate, mscale=s.mscale,
                        mscale_all_dim=s.mscale_all_dim)
         if kind == "llama3":
@@ -222,6 +237,16 @@ class Config:
         if kind == "longrope":
             out.update(short_factor=list(s.short_factor), long_factor=list(s.long_factor))
         return out
+
+    @property
+    def softmax_scale_multiplier(self) -> float:
+        """What DeepSeek's attention multiplies its softmax scale by: ``yarn_get_mscale(factor,
+        mscale_all_dim) ** 2`` for rope_type deepseek_yarn and yarn (HF's DeepSeek configs say yarn),
+        1 otherwise; about 1.874 for DeepSeek-V3 (factor 40, mscale_all_dim 1). rope cannot apply
+        it (it belongs to the attention, ``scale = qk_head_dim ** -0.5 * multiplier``, as HF's
+        DeepseekV3Attention.scaling): the caller must. Forgetting it is a known source of wrong
+        outputs that raise no error."""
+        return _rope.softmax_scale_multiplier(self._native.scaling)
 
     @property
     def precise_angles(self) -> bool:
@@ -293,7 +318,8 @@ class Config:
         return _config_from_key(key)
 
     def _as_dict(self) -> dict:
-        return dict(head_dim=self.head_dim, rotary_dim=self.rotary_dim, base=self.base, style=self.style,
+        return dict(head_dim=self.head_dim, rotary_dim=self.rotary_dim, rotary_offset=self.rotary_offset,
+                    base=self.base, style=self.style,
                     scaling=self.scaling, precise_angles=self.precise_angles, mrope_section=self.mrope_section,
                     mrope_interleaved=self.mrope_interleaved, axial_sections=self.axial_sections)
 

@@ -25,6 +25,16 @@ class Style(enum.Enum):
     interleaved = 1
     """feature 2i with 2i+1 (GPT-J)"""
 
+    interleaved_to_half = 2
+    """
+    pairs (2i, 2i+1) read, written to (i, i + rotary_dim/2) (HF's DeepSeek apply_rotary_pos_emb_interleave)
+    """
+
+    half_to_interleaved = 3
+    """
+    pairs (i, i + rotary_dim/2) read, written to (2i, 2i+1): the reverse of interleaved_to_half
+    """
+
 class ScalingType(enum.Enum):
     """HuggingFace rope_type of the frequency scaling."""
 
@@ -40,6 +50,8 @@ class ScalingType(enum.Enum):
 
     longrope = 5
 
+    deepseek_yarn = 6
+
 class AxisAssignment(enum.Enum):
     """How rotated pairs are shared among position axes."""
 
@@ -53,7 +65,17 @@ class AxisAssignment(enum.Enum):
 
 def parse_style(name: str) -> Style:
     """
-    Style of a name: neox / half_split / half-split, or gptj / interleaved.
+    Style of a name: neox / half_split / half-split, gptj / interleaved, interleaved_to_half, half_to_interleaved.
+    """
+
+def style_name(style: Style) -> str:
+    """
+    The name of a Style: neox, gptj, interleaved_to_half or half_to_interleaved.
+    """
+
+def softmax_scale_multiplier(scaling: Scaling) -> float:
+    """
+    rope::softmax_scale_multiplier: yarn_get_mscale(factor, mscale_all_dim)**2 for deepseek_yarn and yarn, else 1.
     """
 
 def parse_scaling_type(rope_type: str) -> ScalingType:
@@ -161,6 +183,12 @@ class RopeConfig:
 
     @rotary_dim.setter
     def rotary_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def rotary_offset(self) -> int: ...
+
+    @rotary_offset.setter
+    def rotary_offset(self, arg: int, /) -> None: ...
 
     @property
     def base(self) -> float: ...

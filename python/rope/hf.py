@@ -68,8 +68,9 @@ SUPPORTED: Dict[str, Tuple[str, Optional[str]]] = {
 PENDING: Dict[str, str] = {
     "gemma3": "Gemma 3 gives each layer type its own RoPE (sliding and full attention) and normalises q and k "
               "(QK-norm) next to the rotation; rope has neither form yet",
-    "deepseek_v3": "DeepSeek-V3's multi-head latent attention (MLA) rotates a separate rope part of q and k, "
-                   "interleaved; rope has no MLA form yet",
+    "deepseek_v3": "DeepSeek-V3's multi-head latent attention (MLA) rotates a separate rope part of q and k "
+                   "through apply_rotary_pos_emb_interleave, which this drop-in does not patch yet (rope.Config has "
+                   "the forms: rotary_offset, style 'interleaved_to_half', rope_type 'deepseek_yarn')",
 }
 
 

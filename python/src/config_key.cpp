@@ -167,6 +167,7 @@ rope::RopeConfig config_from_key(std::string_view key) {
         if (r.null()) return;  // rope.Config's default, as Config(name=None) takes it.
         if (name == "head_dim") config.head_dim = r.integer(where);
         else if (name == "rotary_dim") config.rotary_dim = r.integer(where);
+        else if (name == "rotary_offset") config.rotary_offset = r.integer(where);
         else if (name == "base") config.base = r.number(where);
         else if (name == "style") config.style = rope::parse_style(r.string(where));
         else if (name == "precise_angles") config.precise_angles = r.boolean(where);

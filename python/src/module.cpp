@@ -406,14 +406,19 @@ NB_MODULE(_rope, m) {
 
     nb::enum_<rope::Style>(m, "Style", "Which two features of a head form one rotated pair.")
         .value("half_split", rope::Style::half_split, "feature i with i + rotary_dim/2 (NeoX, HF rotate_half)")
-        .value("interleaved", rope::Style::interleaved, "feature 2i with 2i+1 (GPT-J)");
+        .value("interleaved", rope::Style::interleaved, "feature 2i with 2i+1 (GPT-J)")
+        .value("interleaved_to_half", rope::Style::interleaved_to_half,
+               "pairs (2i, 2i+1) read, written to (i, i + rotary_dim/2) (HF's DeepSeek apply_rotary_pos_emb_interleave)")
+        .value("half_to_interleaved", rope::Style::half_to_interleaved,
+               "pairs (i, i + rotary_dim/2) read, written to (2i, 2i+1): the reverse of interleaved_to_half");
     nb::enum_<rope::ScalingType>(m, "ScalingType", "HuggingFace rope_type of the frequency scaling.")
         .value("none", rope::ScalingType::none)
         .value("linear", rope::ScalingType::linear)
         .value("dynamic", rope::ScalingType::dynamic)
         .value("yarn", rope::ScalingType::yarn)
         .value("llama3", rope::ScalingType::llama3)
-        .value("longrope", rope::ScalingType::longrope);
+        .value("longrope", rope::ScalingType::longrope)
+        .value("deepseek_yarn", rope::ScalingType::deepseek_yarn);
     nb::enum_<rope::AxisAssignment>(m, "AxisAssignment", "How rotated pairs are shared among position axes.")
         .value("single", rope::AxisAssignment::single)
         .value("mrope_contiguous", rope::AxisAssignment::mrope_contiguous)
@@ -421,7 +426,12 @@ NB_MODULE(_rope, m) {
         .value("axial", rope::AxisAssignment::axial);
 
     m.def("parse_style", [](const std::string& name) { return rope::parse_style(name); }, "name"_a,
-          "Style of a name: neox / half_split / half-split, or gptj / interleaved.");
+          "Style of a name: neox / half_split / half-split, gptj / interleaved, interleaved_to_half, half_to_interleaved.");
+    m.def("style_name", [](rope::Style style) { return std::string(rope::style_name(style)); }, "style"_a,
+          "The name of a Style: neox, gptj, interleaved_to_half or half_to_interleaved.");
+    m.def("softmax_scale_multiplier", [](const rope::Scaling& scaling) { return rope::softmax_scale_multiplier(scaling); },
+          "scaling"_a,
+          "rope::softmax_scale_multiplier: yarn_get_mscale(factor, mscale_all_dim)**2 for deepseek_yarn and yarn, else 1.");
     m.def("parse_scaling_type", [](const std::string& name) { return rope::parse_scaling_type(name); }, "rope_type"_a,
           "ScalingType of a HuggingFace rope_type.");
     m.def("scaling_type_name", [](rope::ScalingType type) { return std::string(rope::scaling_type_name(type)); },
@@ -447,6 +457,7 @@ NB_MODULE(_rope, m) {
         .def(nb::init<>())
         .def_rw("head_dim", &rope::RopeConfig::head_dim)
         .def_rw("rotary_dim", &rope::RopeConfig::rotary_dim)
+        .def_rw("rotary_offset", &rope::RopeConfig::rotary_offset)
         .def_rw("base", &rope::RopeConfig::base)
         .def_rw("style", &rope::RopeConfig::style)
         .def_rw("scaling", &rope::RopeConfig::scaling)

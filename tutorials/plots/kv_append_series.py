@@ -10,7 +10,7 @@ import sys
 series = {}
 with open(sys.argv[1], newline="") as file:
     for row in csv.DictReader(file):
-        if (row.get("backend"), row.get("dtype"), row.get("cache"), row.get("status")) != \
+        if (row.get("backend"), row.get("dtype"), row.get("cache_dtype"), row.get("status")) != \
                 ("cuda-optimized", "bf16", "model", "ok") or row.get("op") not in ("append", "append-unfused"):
             continue
         batch, _, seq, _ = (int(v) for v in row["shape"].split(","))

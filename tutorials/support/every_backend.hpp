@@ -1,5 +1,5 @@
 #pragma once
-// What chapters 8 to 12 and 17 share: one rope call on one backend from host vectors
+// What chapters 8 to 12, 16 and 17 share: one rope call on one backend from host vectors
 // (the tensors, ids, cu_seqlens and table copied to the backend's memory, the
 // outputs poisoned with NaN so an element never written shows), the same call
 // on every backend available here, and the comparison with the float64 formula

@@ -157,7 +157,9 @@ struct Shape {
 /// and sin from a caller's table.
 struct Formula {
     rope::Style style = rope::Style::half_split;
-    int64_t rotary_dim = 0;          ///< 0: all of head_dim.
+    int64_t rotary_dim = 0;          ///< 0: the rest of head_dim from rotary_offset.
+    int64_t rotary_offset = 0;       ///< First rotated feature: the window [rotary_offset, rotary_offset + rotary_dim).
+    double magnitude = 1.0;          ///< Multiplies cos and sin (an attention factor).
     double base = 10000.0;
     double linear_factor = 1.0;      ///< Position interpolation (ScalingType::linear).
     int64_t offset = 0;
@@ -181,6 +183,7 @@ struct Formula {
         Formula f;
         f.style = config.style;
         f.rotary_dim = config.effective_rotary_dim();
+        f.rotary_offset = config.rotary_offset;
         f.base = config.base;
         f.assignment = config.multi_axis.assignment;
         f.sections = config.multi_axis.sections;
@@ -218,9 +221,12 @@ inline PairRule pair_rule(const Formula& f, int64_t i, int64_t rotary_dim) {
 }
 
 /// RoPE of the contiguous tensor @p x in float64: angle = position * theta, both in double
-/// (or the table's cos and sin). It shares no code with the backends.
+/// (or the table's cos and sin). Pair i of the window is read at (i, i + d/2) half-split, at
+/// (2i, 2i+1) interleaved and interleaved_to_half; written where it was read, except
+/// interleaved_to_half (HF's DeepSeek order): at (i, i + d/2); half_to_interleaved is the
+/// reverse, and an inverse reads where its forward wrote. It shares no code with the backends.
 inline std::vector<double> rope_float64(const std::vector<float>& x, const Shape& shape, const Formula& f) {
-    const int64_t rotary_dim = f.rotary_dim == 0 ? shape.head_dim : f.rotary_dim;
+    const int64_t rotary_dim = f.rotary_dim == 0 ? shape.head_dim - f.rotary_offset : f.rotary_dim;
     const int64_t half = rotary_dim / 2;
     // Position of token s on `axis`.
     auto position = [&](int64_t s, int64_t axis) -> double {
@@ -239,7 +245,8 @@ inline std::vector<double> rope_float64(const std::vector<float>& x, const Shape
                 const int64_t token_row = f.layout == rope::Layout::bhsd
                                               ? (b * shape.heads + h) * shape.seq + s
                                               : (b * shape.seq + s) * shape.heads + h;
-                double* row = out.data() + token_row * shape.head_dim;
+                double* row = out.data() + token_row * shape.head_dim + f.rotary_offset;
+                const float* source = x.data() + token_row * shape.head_dim + f.rotary_offset;
                 std::array<double, 4> positions{};  // One per axis (rope::kMaxPositionAxes).
                 for (int64_t a = 0; a < f.id_axes; ++a) positions[size_t(a)] = position(s, a);
                 for (int64_t i = 0; i < half; ++i) {
@@ -251,11 +258,17 @@ inline std::vector<double> rope_float64(const std::vector<float>& x, const Shape
                         sn = (*f.table)[size_t(int64_t(p) * rotary_dim + half + i)];
                     }
                     if (f.inverse) sn = -sn;
-                    const int64_t first = f.style == rope::Style::half_split ? i : 2 * i;
-                    const int64_t second = f.style == rope::Style::half_split ? i + half : 2 * i + 1;
-                    const double px = row[first], py = row[second];
-                    row[first] = px * c - py * sn;
-                    row[second] = py * c + px * sn;
+                    c *= f.magnitude, sn *= f.magnitude;
+                    const bool to_half = f.style == rope::Style::interleaved_to_half;
+                    const bool to_interleaved = f.style == rope::Style::half_to_interleaved;
+                    const bool read_adjacent = f.style == rope::Style::interleaved ||
+                                               (to_half && !f.inverse) || (to_interleaved && f.inverse);
+                    const bool write_adjacent = f.style == rope::Style::interleaved ||
+                                                (to_half && f.inverse) || (to_interleaved && !f.inverse);
+                    const double px = source[read_adjacent ? 2 * i : i];
+                    const double py = source[read_adjacent ? 2 * i + 1 : i + half];
+                    row[write_adjacent ? 2 * i : i] = px * c - py * sn;
+                    row[write_adjacent ? 2 * i + 1 : i + half] = py * c + px * sn;
                 }
             }
     return out;

@@ -16,16 +16,50 @@ enum class Style {
     half_split,
     /// Interleaved, as GPT-J and ggml's "NORM" mode: feature 2i pairs with 2i+1.
     interleaved,
+    /// Interleaved pairs read, half-split order written: pair i is read from
+    /// features (2i, 2i+1) and its rotated x and y are written to features i and
+    /// i + rotary_dim/2. This is HuggingFace's DeepSeek-V2/V3
+    /// `apply_rotary_pos_emb_interleave` (it de-interleaves the window, then
+    /// applies `rotate_half`). The output is a fixed permutation of the
+    /// interleaved style's output (the evens, then the odds), so attention scores
+    /// agree with vLLM's in-place GPT-J rotation while the cached k bytes do not.
+    /// In place too: every backend reads a head row's whole window before it
+    /// writes any of it. Its inverse rotation (Direction::inverse, RoPE's backward
+    /// pass) reads the half-split order and writes the interleaved one, as
+    /// half_to_interleaved does: the exact transpose of the forward.
+    interleaved_to_half,
+    /// The reverse of interleaved_to_half: pair i is read from features
+    /// (i, i + rotary_dim/2) and written to (2i, 2i+1). It turns HF's DeepSeek order
+    /// back into the interleaved one (its forward rotation is the inverse of
+    /// interleaved_to_half's, up to the sign of the angle), and its inverse rotation
+    /// is interleaved_to_half's order.
+    half_to_interleaved,
 };
 
 /// @brief Name of a pairing style, as used on command lines.
 /// @param style the style to name.
-/// @return "neox" for half-split, "gptj" for interleaved.
-constexpr std::string_view style_name(Style style) { return style == Style::half_split ? "neox" : "gptj"; }
+/// @return "neox" for half-split, "gptj" for interleaved, "interleaved_to_half" for HF's DeepSeek order,
+/// "half_to_interleaved" for its reverse.
+constexpr std::string_view style_name(Style style) {
+    return style == Style::half_split    ? "neox"
+           : style == Style::interleaved ? "gptj"
+           : style == Style::interleaved_to_half ? "interleaved_to_half"
+                                                 : "half_to_interleaved";
+}
+
+/// @brief Whether @p style writes its pairs in another order than it reads them
+/// (interleaved_to_half, half_to_interleaved): a pair's outputs are then other pairs'
+/// inputs, and a backend reads a head row's whole window before writing any of it.
+/// @param style the pairing style.
+/// @return true for interleaved_to_half and half_to_interleaved.
+constexpr bool reorders(Style style) {
+    return style == Style::interleaved_to_half || style == Style::half_to_interleaved;
+}
 
 /// @brief Parses a pairing style name.
-/// @param name "neox", "half_split" or "half-split"; or "gptj" or "interleaved".
-/// @return Style::half_split or Style::interleaved.
+/// @param name "neox", "half_split" or "half-split"; "gptj" or "interleaved"; or
+/// "interleaved_to_half" or "interleaved-to-half"; "half_to_interleaved" or "half-to-interleaved".
+/// @return the Style of that name.
 /// @throws rope::Error for any other name.
 Style parse_style(std::string_view name);
 
@@ -65,15 +99,23 @@ enum class ScalingType {
     /// `long_factor` when the call reaches past `original_max_position_embeddings`
     /// and from `short_factor` otherwise, plus an attention factor.
     longrope,
+    /// DeepSeek's YaRN (vLLM's `deepseek_yarn`; HF's DeepSeek-V2/V3 configs say
+    /// `yarn` with `mscale` and `mscale_all_dim`): theta_i exactly as yarn, and
+    /// cos and sin multiplied by yarn_get_mscale(factor, mscale) /
+    /// yarn_get_mscale(factor, mscale_all_dim), where yarn_get_mscale(s, m) =
+    /// 0.1 m ln(s) + 1 for s > 1, else 1 (so a 0 gives 1, as in vLLM). The rest of
+    /// the magnitude belongs to the attention's softmax scale: see
+    /// softmax_scale_multiplier(), which the caller must apply.
+    deepseek_yarn,
 };
 
 /// @brief The `rope_type` string of @p type as HuggingFace spells it.
 /// @param type the scaling type to name.
-/// @return "default" (for none), "linear", "dynamic", "yarn", "llama3" or "longrope".
+/// @return "default" (for none), "linear", "dynamic", "yarn", "llama3", "longrope" or "deepseek_yarn".
 std::string_view scaling_type_name(ScalingType type);
 
 /// @brief Parses a HuggingFace `rope_type` string.
-/// @param rope_type "default" (or "none"), "linear", "dynamic", "yarn", "llama3" or "longrope".
+/// @param rope_type "default" (or "none"), "linear", "dynamic", "yarn", "llama3", "longrope" or "deepseek_yarn".
 /// @return the matching ScalingType (ScalingType::none for "default").
 /// @throws rope::Error for any other string.
 ScalingType parse_scaling_type(std::string_view rope_type);
@@ -114,11 +156,13 @@ struct Scaling {
     /// `truncate` (yarn): round the correction range outwards to whole pairs
     /// (floor / ceil), as the original YaRN code does; false keeps it fractional.
     bool truncate = true;
-    /// `mscale` (yarn, DeepSeek): with mscale_all_dim, the default attention factor
-    /// becomes (0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1).
-    /// 0 means unset, as a missing or zero value does in HuggingFace. Must be finite and >= 0.
+    /// `mscale` (yarn, deepseek_yarn): with mscale_all_dim, yarn's default attention
+    /// factor becomes (0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1).
+    /// 0 means unset, as a missing or zero value does in HuggingFace (yarn then
+    /// uses 0.1 ln(factor) + 1). deepseek_yarn always takes that ratio, a 0 giving
+    /// a term of 1 (vLLM's rule). Must be finite and >= 0.
     double mscale = 0.0;
-    /// `mscale_all_dim` (yarn, DeepSeek): see mscale; 0 means unset.
+    /// `mscale_all_dim` (yarn, deepseek_yarn): see mscale, and softmax_scale_multiplier(); 0 means unset.
     double mscale_all_dim = 0.0;
     /// `low_freq_factor` (llama3): wavelengths above original / low_freq_factor
     /// are divided by factor. Must be finite, > 0 and < high_freq_factor.
@@ -133,6 +177,26 @@ struct Scaling {
     /// calls whose largest position + 1 exceeds original_max_position_embeddings.
     std::vector<double> long_factor{};
 };
+
+/// @brief The factor DeepSeek's attention multiplies its softmax scale by:
+/// yarn_get_mscale(factor, mscale_all_dim)^2, where yarn_get_mscale(s, m) =
+/// 0.1 m ln(s) + 1 for s > 1, else 1.
+///
+/// DeepSeek-V2/V3 split YaRN's magnitude in two: cos and sin carry
+/// mscale(factor, mscale) / mscale(factor, mscale_all_dim) (the frequency table of
+/// deepseek_yarn, 1 for V3's config), and the softmax scale carries
+/// mscale(factor, mscale_all_dim)^2 (HF's DeepseekV3Attention.scaling =
+/// qk_head_dim^-0.5 times this; about 1.874 for V3: factor 40, mscale_all_dim 1).
+/// rope cannot apply the second part: the caller multiplies it into the softmax
+/// scale of the attention. Forgetting it is a known source of wrong outputs: the
+/// model runs and its logits are quietly too flat.
+/// @param scaling the model's scaling; read for deepseek_yarn and yarn (HF's
+/// DeepSeek configs name DeepSeek's YaRN "yarn").
+/// @return the multiplier; 1 for every other type, for factor <= 1 and for
+/// mscale_all_dim 0 (unset), as in HF.
+/// @throws rope::Error naming the field when factor or mscale_all_dim is out of
+/// range for a type that reads them (as validate()).
+double softmax_scale_multiplier(const Scaling& scaling);
 
 /// @brief Most position axes a configuration may have (M-RoPE uses 3; video axial RoPE 3).
 inline constexpr int64_t kMaxPositionAxes = 4;
@@ -192,9 +256,18 @@ struct MultiAxis {
 /// @brief Everything about a model's RoPE that does not depend on the call.
 struct RopeConfig {
     int64_t head_dim = 0;       ///< Features per head (the last axis of q and k).
-    /// Features that rotate, from the start of each head; the rest pass through
-    /// unchanged (partial rotary, as GPT-NeoX, Phi and GLM use). 0 means head_dim.
+    /// Features that rotate, from rotary_offset on; the rest pass through
+    /// unchanged (partial rotary, as GPT-NeoX, Phi and GLM use). 0 means head_dim
+    /// (minus rotary_offset).
     int64_t rotary_dim = 0;
+    /// First feature of the rotary window: the rotated features of each head are
+    /// [rotary_offset, rotary_offset + rotary_dim), and every feature outside the
+    /// window keeps its bits (copied when the call is out of place). 0 (the
+    /// default) puts the window at the start of the head. DeepSeek's multi-head
+    /// latent attention (V2, V3, R1) rotates the last 64 features of its 192-wide
+    /// q head ([nope 128 | pe 64]: rotary_offset 128, rotary_dim 64), HF's
+    /// `qk_rope_head_dim` after `qk_nope_head_dim`.
+    int64_t rotary_offset = 0;
     double base = 10000.0;      ///< `rope_theta`: theta_i = base^(-2i/rotary_dim).
     Style style = Style::half_split;  ///< Pairing of features.
     Scaling scaling{};          ///< Frequency scaling (context extension).
@@ -211,14 +284,15 @@ struct RopeConfig {
     MultiAxis multi_axis{};
 
     /// @brief rotary_dim with the "0 means head_dim" default resolved.
-    /// @return head_dim when rotary_dim is 0, else rotary_dim.
-    int64_t effective_rotary_dim() const { return rotary_dim == 0 ? head_dim : rotary_dim; }
+    /// @return head_dim - rotary_offset when rotary_dim is 0, else rotary_dim.
+    int64_t effective_rotary_dim() const { return rotary_dim == 0 ? head_dim - rotary_offset : rotary_dim; }
 };
 
 /// @brief Checks that @p config is usable.
 /// @param config the configuration to check.
 /// @throws rope::Error naming the field and its value if it is not: head_dim <= 0,
-/// rotary_dim odd, negative or > head_dim, base not finite or <= 0, or a scaling
+/// rotary_dim odd, negative or > head_dim, rotary_offset < 0 or rotary_offset +
+/// rotary_dim > head_dim, base not finite or <= 0, or a scaling
 /// field the chosen type reads out of range (e.g. factor not finite or <= 0,
 /// original_max_position_embeddings <= 0, beta_fast <= beta_slow,
 /// low_freq_factor >= high_freq_factor, a factor list whose length is not

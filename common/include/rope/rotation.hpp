@@ -17,18 +17,33 @@ struct PairIndex {
     int64_t second;  ///< Feature that plays the role of y.
 };
 
-/// @brief Features of pair @p i for a rotary block of @p rotary_dim features.
+/// @brief Features of pair @p i for a rotary block of @p rotary_dim features: where it is read.
 ///
 /// Half-split pairs i with i + rotary_dim/2 (HuggingFace `rotate_half`);
-/// interleaved pairs 2i with 2i+1 (GPT-J). Mixing the two up does not crash
-/// anything: a model simply gets the wrong rotation and quietly degrades.
-/// @param style half-split or interleaved pairing.
+/// interleaved pairs 2i with 2i+1 (GPT-J, and the input of interleaved_to_half;
+/// half_to_interleaved reads half-split pairs).
+/// Mixing the two up does not crash anything: a model simply gets the wrong
+/// rotation and quietly degrades.
+/// @param style the pairing style.
 /// @param rotary_dim features that rotate (even).
 /// @param i pair index, in [0, rotary_dim/2).
-/// @return the indices of the pair's x and y features.
+/// @return the indices of the pair's x and y features in the input.
 ROPE_HOST_DEVICE inline PairIndex pair_elements(Style style, int64_t rotary_dim, int64_t i) {
-    if (style == Style::half_split) return {i, i + rotary_dim / 2};
+    if (style == Style::half_split || style == Style::half_to_interleaved) return {i, i + rotary_dim / 2};
     return {2 * i, 2 * i + 1};
+}
+
+/// @brief Where pair @p i's rotated x and y are written: pair_elements, except for
+/// Style::interleaved_to_half (HF's DeepSeek order), which reads (2i, 2i+1) and writes
+/// (i, i + rotary_dim/2), and Style::half_to_interleaved, the reverse. There a pair's
+/// outputs are other pairs' inputs, so a row is read whole before it is written.
+/// @param style the pairing style.
+/// @param rotary_dim features that rotate (even).
+/// @param i pair index, in [0, rotary_dim/2).
+/// @return the indices of the pair's rotated x and y features in the output.
+ROPE_HOST_DEVICE inline PairIndex output_pair_elements(Style style, int64_t rotary_dim, int64_t i) {
+    if (style == Style::interleaved || style == Style::half_to_interleaved) return {2 * i, 2 * i + 1};
+    return {i, i + rotary_dim / 2};
 }
 
 /// @brief Rotation angle of pair i at @p position: position * theta_i, in float32.

@@ -168,7 +168,9 @@ struct AngleRule {
 /// Backends receive a Plan and only loop over it; they never see unvalidated
 /// input, so every backend rejects bad input identically.
 struct Plan {
-    Style style = Style::half_split;  ///< Pairing of features.
+    /// Pairing of features: the config's, except for the inverse of a reordering style
+    /// (Style::interleaved_to_half and half_to_interleaved), which runs as the other one.
+    Style style = Style::half_split;
     DType dtype = DType::f32;         ///< Storage type of all four tensors.
     Device device = Device::host;     ///< Where all tensors and position arrays live.
     int64_t batch = 0;       ///< Sequences (1 for packed tensors).
@@ -176,6 +178,9 @@ struct Plan {
     int64_t head_dim = 0;    ///< Features per head.
     int64_t rotary_dim = 0;  ///< Features that rotate (even, <= head_dim).
     int64_t pairs = 0;       ///< rotary_dim / 2.
+    /// First rotated feature (RopeConfig::rotary_offset). Backends only ever run
+    /// plans with 0 here: run_plan cuts a plan with a window into window_parts().
+    int64_t rotary_offset = 0;
     int64_t axes = 1;        ///< Position axes of each token.
     Operand q;               ///< Queries.
     Operand k;               ///< Keys (k.in_geometry.heads may be 0).
@@ -248,8 +253,24 @@ FrequencyTable build_frequency_table(const RopeConfig& config, int64_t max_posit
 /// @throws rope::Error if @p config is invalid.
 std::optional<FrequencyTable> reusable_frequency_table(const RopeConfig& config);
 
+/// @brief A plan whose rotary window starts past feature 0, as plans that every backend
+/// runs unchanged: features [0, rotary_offset) copied (a plan with rotary_dim 0, for the
+/// operands not rotated in place, whose features already are where they belong), then
+/// features [rotary_offset, head_dim) rotated as a plan of its own whose rows start at
+/// the window (pointers moved on, head_dim shortened), so that its window starts at 0.
+/// @param plan a plan from make_plan.
+/// @return @p plan itself when its rotary_offset is 0; else the copy (when needed) and the window.
+std::vector<Plan> window_parts(const Plan& plan);
+/// @brief Refuses what only rope::apply's row loop runs: a rotary window (RopeConfig::rotary_offset)
+/// and the reordering styles (Style::interleaved_to_half, half_to_interleaved), for the fused calls
+/// whose backends loop over pairs themselves (rope::append_kv, rope::apply_qk_norm).
+/// @param config the call's configuration.
+/// @param call the entry point, for the message (e.g. "append_kv").
+/// @throws rope::Error naming config.rotary_offset or config.style and its value.
+void refuse_window_and_reordering(const RopeConfig& config, std::string_view call);
+
 /// @brief rope::apply after make_plan: refuses a plan beyond @p backend's limits
-/// (rope::BackendLimits), skips an empty one, runs the rest.
+/// (rope::BackendLimits), skips an empty one, runs the rest (a rotary window as its window_parts()).
 /// @param backend the backend the plan was built for (make_plan with its device()).
 /// @param plan the validated call.
 /// @throws rope::Error naming the parameter beyond the backend's limits.

@@ -1,0 +1,429 @@
+// cuda-optimized's RoPE + KV append: the whole decode step of a serving engine
+// in one launch. kv_append.cuh says what it does; unit_kernel.cuh explains the
+// recipe this kernel follows, whose points (1. to 5.) are cited below.
+//
+// Why fused: at decode the call moves a few hundred kilobytes, and two
+// launches (RoPE, then a cache write) pay two launch latencies and read the
+// rotated k back from memory. One launch reads q, k and v once and writes
+// q_out, k_out and both cache rows from registers.
+//
+// Work decomposition. A token has `rows` rotating rows (q's heads, then k's)
+// and k's heads v rows. The rotating rows are cut into `slices`: slice l takes
+// rows l, l + slices, l + 2 slices, ... and the v rows of the same indices. A
+// unit is one (token, slice), numbered token-major, so that the threads of a
+// warp take neighbouring rows of one token, adjacent in [T, H, D] memory (4.).
+// Threads with the same threadIdx.y share a unit; threadIdx.x picks the chunk
+// of a row: first the rotating chunks, two 16-byte runs each (1.,
+// vector_layout.hpp), then the pass-through runs of partial rotary; in the v
+// rows, thread x copies runs x, x + blockDim.x, ... A thread computes the
+// cos/sin of its chunk once and applies them to every row of its slice (2.).
+//
+// The rotated k row reaches the k cache from registers: a model-dtype cache
+// receives exactly the bits written to k_out; an FP8 cache receives
+// quantize_fp8 of the float32 rotated value, never first rounded to the model
+// dtype (rope/fp8.hpp). The angle is the token's position, never its slot. A
+// slot outside [0, slot_limit) writes nothing: padding, or a device slot that
+// validation could not read. All offsets are int64.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "check.hpp"
+#include "device_launch.cuh"
+#include "fast_divisor.cuh"
+#include "kernel_args.cuh"
+#include "kv_append.cuh"
+#include "kv_append_generic.hpp"
+#include "pointer_check.hpp"
+#include "prologue.cuh"
+#include "rope/detail/pair_step.hpp"
+#include "rope/fp8.hpp"
+#include "rope/rotation.hpp"
+#include "row_access.cuh"
+
+namespace rope::cuda_detail {
+namespace {
+
+/// Threads per block, as the RoPE kernel's (backend.cu says why small blocks).
+constexpr int kAppendBlockThreads = 128;
+/// Rows whose loads a thread issues before it uses the first (3.).
+constexpr int kAppendRowsInFlight = 4;
+/// Rotating rows per slice when the call cannot fill the GPU: few rows per
+/// thread, so the few kilobytes of a decode step are fetched by many SMs at once.
+constexpr int64_t kLatencyRowsPerSlice = 2;
+/// Rotating rows per slice when it can: more rows share each sincosf.
+constexpr int64_t kBandwidthRowsPerSlice = 8;
+/// Angle-argument capacity for rotary_dim <= 128 (backend.cu's kSmallCapacity, for the same reason).
+constexpr int kSmallAppendCapacity = 64;
+
+/// Everything the kernel needs, by value (kernel_args.cuh says why).
+template <int Capacity>
+struct AppendArgs {
+    Operand q;                   ///< Queries: rotated into q.out.
+    Operand k;                   ///< Keys: rotated into k.out and the k cache.
+    const void* v;               ///< Values: copied into the v cache.
+    Geometry v_geometry;         ///< Sizes and strides of v (batch 1, seq = tokens).
+    PositionSource positions;    ///< Each token's position: the angle.
+    AngleArgs<Capacity> angles;  ///< theta_i, pair axes, scales, or a caller's table.
+    int64_t axes;                ///< Position axes per token.
+    bool positions_in_memory;    ///< Ids, cu_seqlens or a table: read only after the previous kernel.
+    int64_t rotary_dim;
+    int64_t q_heads;             ///< Rows [0, q_heads) of a token are q's heads, the rest k's.
+    int64_t k_heads;             ///< k's heads, and v's.
+    int64_t rows;                ///< q_heads + k_heads.
+    int64_t rotary_chunks;       ///< Chunks of a row that rotate.
+    int64_t chunks;              ///< Rotating chunks plus pass-through runs.
+    int64_t v_runs;              ///< 16-byte runs of a v row.
+    int64_t slices;              ///< Units per token.
+    int64_t units;               ///< tokens * slices.
+    FastDivisor by_slices;       ///< unit -> (token, slice).
+    FastDivisor by_page_size;    ///< slot -> (page, slot in page).
+    const int64_t* slots;        ///< Slot of each of the first slot_count tokens.
+    int64_t slot_count;
+    int64_t slot_limit;          ///< pages * page_size.
+    CacheTarget k_cache;
+    CacheTarget v_cache;
+};
+
+/// Where token's rows go in each cache: feature 0 of head 0 of its slot, or slot -1 (nothing written).
+struct SlotRows {
+    int64_t slot;
+    int64_t k_row;
+    int64_t v_row;
+};
+
+template <int Capacity>
+__device__ inline SlotRows slot_rows(const AppendArgs<Capacity>& args, int64_t raw_slot) {
+    if (raw_slot < 0 || raw_slot >= args.slot_limit) return {-1, 0, 0};
+    const int64_t page = args.by_page_size.divide(raw_slot);
+    const int64_t in_page = raw_slot - page * args.by_page_size.divisor;
+    return {raw_slot, page * args.k_cache.stride_page + in_page * args.k_cache.stride_slot,
+            page * args.v_cache.stride_page + in_page * args.v_cache.stride_slot};
+}
+
+/// Input row @p row of a token: q's head `row`, or k's head `row - q_heads`.
+template <typename Storage, int Capacity>
+__device__ inline const Storage* row_in(const AppendArgs<Capacity>& args, int64_t token, int64_t row) {
+    return row < args.q_heads
+               ? static_cast<const Storage*>(args.q.in) + args.q.in_geometry.offset(0, row, token, 0)
+               : static_cast<const Storage*>(args.k.in) + args.k.in_geometry.offset(0, row - args.q_heads, token, 0);
+}
+
+/// Output row @p row of a token (q_out or k_out).
+template <typename Storage, int Capacity>
+__device__ inline Storage* row_out(const AppendArgs<Capacity>& args, int64_t token, int64_t row) {
+    return row < args.q_heads
+               ? static_cast<Storage*>(args.q.out) + args.q.out_geometry.offset(0, row, token, 0)
+               : static_cast<Storage*>(args.k.out) + args.k.out_geometry.offset(0, row - args.q_heads, token, 0);
+}
+
+/// The dequantisation scale of head @p head (read only for an FP8 cache).
+__device__ inline float cache_scale(const CacheTarget& cache, int64_t head) {
+    return cache.dtype == CacheDType::model ? 1.0f : cache.scale_of(head);
+}
+
+/// Rotates the pairs of a chunk's two runs in float32; the result stays in
+/// float32, in feature order, for k_out (rounded) and an FP8 cache (quantised).
+/// The pairs of slot p are those of VectorPath::rotate (vector_layout.hpp).
+template <typename Storage, Style kStyle>
+__device__ inline void rotate_runs(const Vector16<Storage> (&in)[2],
+                                   const float (&cos_angle)[Vector16<Storage>::kWidth],
+                                   const float (&sin_angle)[Vector16<Storage>::kWidth],
+                                   float (&value)[2][Vector16<Storage>::kWidth]) {
+    constexpr int kWidth = Vector16<Storage>::kWidth;
+#pragma unroll
+    for (int run = 0; run < 2; ++run)
+#pragma unroll
+        for (int i = 0; i < kWidth; ++i) value[run][i] = to_float(in[run].value[i]);
+#pragma unroll
+    for (int p = 0; p < kWidth; ++p) {
+        if constexpr (kStyle == Style::half_split) {
+            rotate_pair(value[0][p], value[1][p], cos_angle[p], sin_angle[p]);
+        } else {
+            constexpr int kHalf = kWidth / 2;
+            const int run = p < kHalf ? 0 : 1;
+            const int at = 2 * (p % kHalf);
+            rotate_pair(value[run][at], value[run][at + 1], cos_angle[p], sin_angle[p]);
+        }
+    }
+}
+
+/// Rounds a run of float32 values to the model dtype.
+template <typename Storage>
+__device__ inline Vector16<Storage> round_run(const float (&value)[Vector16<Storage>::kWidth]) {
+    Vector16<Storage> run;
+#pragma unroll
+    for (int i = 0; i < Vector16<Storage>::kWidth; ++i) run.value[i] = from_float<Storage>(value[i]);
+    return run;
+}
+
+/// Writes a run of FP8 codes of @p value (4 or 8 bytes: one store).
+template <int kWidth>
+__device__ inline void store_fp8_run(const CacheTarget& cache, int64_t offset, float scale,
+                                     const float (&value)[kWidth]) {
+    static_assert(kWidth == 4 || kWidth == 8, "a 16-byte run holds 4 fp32 or 8 fp16/bf16 values");
+    const Fp8Format format = cache.dtype == CacheDType::e4m3fn ? Fp8Format::e4m3fn : Fp8Format::e5m2;
+    uint32_t word[kWidth / 4] = {};
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) word[i / 4] |= uint32_t(quantize_fp8(value[i], scale, format)) << (8 * (i % 4));
+    uint8_t* target = static_cast<uint8_t*>(cache.data) + offset;
+    if constexpr (kWidth == 8)
+        *reinterpret_cast<uint2*>(target) = make_uint2(word[0], word[1]);
+    else
+        *reinterpret_cast<uint32_t*>(target) = word[0];
+}
+
+/// Writes a rotated run into a cache: @p stored (the bits of k_out) into a
+/// model-dtype cache, FP8 codes of @p value (float32) into an FP8 one.
+template <typename Storage>
+__device__ inline void store_cache_run(const CacheTarget& cache, int64_t offset, float scale,
+                                       const Vector16<Storage>& stored,
+                                       const float (&value)[Vector16<Storage>::kWidth]) {
+    if (cache.dtype == CacheDType::model)
+        store16(static_cast<Storage*>(cache.data) + offset, stored);
+    else
+        store_fp8_run<Vector16<Storage>::kWidth>(cache, offset, scale, value);
+}
+
+/// Writes a copied run (v, or pass-through features) into a cache.
+template <typename Storage>
+__device__ inline void store_cache_copy(const CacheTarget& cache, int64_t offset, float scale,
+                                        const Vector16<Storage>& stored) {
+    if (cache.dtype == CacheDType::model) {
+        store16(static_cast<Storage*>(cache.data) + offset, stored);
+        return;
+    }
+    float value[Vector16<Storage>::kWidth];
+#pragma unroll
+    for (int i = 0; i < Vector16<Storage>::kWidth; ++i) value[i] = to_float(stored.value[i]);
+    store_fp8_run<Vector16<Storage>::kWidth>(cache, offset, scale, value);
+}
+
+/// The kernel: each thread one chunk of the rows of one unit, and its share of the unit's v rows.
+template <typename Storage, Style kStyle, bool kDefaultAngleOnly, int Capacity>
+__global__ void __launch_bounds__(kAppendBlockThreads)
+    rope_kv_append_kernel(const __grid_constant__ AppendArgs<Capacity> args) {
+    using Path = VectorPath<Storage, kStyle>;  // Which pairs a chunk holds; its cos/sin (prologue.cuh).
+    constexpr int kWidth = Path::kWidth;
+    constexpr int kRows = kAppendRowsInFlight;
+    allow_next_kernel();    // Programmatic dependent launch (5.).
+    PreviousGrid previous;  // Waited for before the first global memory access.
+    const int64_t step = int64_t(gridDim.x) * blockDim.y;
+    for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
+        const int64_t token = args.by_slices.divide(unit);
+        const int64_t slice = unit - token * args.slices;
+        const int64_t count = (args.rows - slice + args.slices - 1) / args.slices;  // Rotating rows of the slice.
+        auto row_of = [&](int64_t i) { return slice + i * args.slices; };
+        // The slot is read once per unit, after the wait; its page arithmetic waits
+        // until the rows' loads are in flight.
+        int64_t raw_slot = -1;
+        bool slot_loaded = false;
+        auto load_slot = [&] {
+            if (slot_loaded) return;
+            previous.wait();
+            raw_slot = token < args.slot_count ? args.slots[token] : -1;
+            slot_loaded = true;
+        };
+
+        for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
+            if (chunk < args.rotary_chunks) {
+                const int64_t first_feature = chunk * kWidth;
+                const int64_t second_feature = args.rotary_dim / 2 + chunk * kWidth;
+                Vector16<Storage> batch[kRows][2];
+                auto load_batch = [&](int64_t first) {
+#pragma unroll
+                    for (int u = 0; u < kRows; ++u) {
+                        if (first + u < count) {
+                            const Storage* in = row_in<Storage>(args, token, row_of(first + u));
+                            batch[u][0] = load16(in + first_feature);
+                            batch[u][1] = load16(in + second_feature);
+                        }
+                    }
+                };
+                float cos_angle[kWidth], sin_angle[kWidth];
+                load_with_factors<Path, kDefaultAngleOnly>(
+                    args, 0, token, chunk, previous,
+                    [&] {
+                        load_batch(0);
+                        load_slot();
+                    },
+                    cos_angle, sin_angle);
+                const SlotRows target = slot_rows(args, raw_slot);
+                for (int64_t first = 0; first < count; first += kRows) {
+                    if (first > 0) load_batch(first);
+#pragma unroll
+                    for (int u = 0; u < kRows; ++u) {
+                        if (first + u >= count) continue;
+                        const int64_t row = row_of(first + u);
+                        float value[2][kWidth];
+                        rotate_runs<Storage, kStyle>(batch[u], cos_angle, sin_angle, value);
+                        const Vector16<Storage> stored[2] = {round_run<Storage>(value[0]),
+                                                             round_run<Storage>(value[1])};
+                        Storage* out = row_out<Storage>(args, token, row);
+                        store16(out + first_feature, stored[0]);  // q_out, or the live k: always written.
+                        store16(out + second_feature, stored[1]);
+                        if (row < args.q_heads || target.slot < 0) continue;
+                        const int64_t head = row - args.q_heads;
+                        const int64_t cache_row = target.k_row + head * args.k_cache.stride_head;
+                        const float scale = cache_scale(args.k_cache, head);
+                        store_cache_run(args.k_cache, cache_row + first_feature, scale, stored[0], value[0]);
+                        store_cache_run(args.k_cache, cache_row + second_feature, scale, stored[1], value[1]);
+                    }
+                }
+            } else {  // Partial rotary: a run of pass-through features, copied to the output and the cache.
+                const int64_t feature = args.rotary_dim + (chunk - args.rotary_chunks) * kWidth;
+                load_slot();
+                const SlotRows target = slot_rows(args, raw_slot);
+                for (int64_t i = 0; i < count; ++i) {
+                    const int64_t row = row_of(i);
+                    const bool is_q = row < args.q_heads;
+                    const bool copy_out = is_q ? args.q.in != args.q.out : args.k.in != args.k.out;
+                    const bool cached = !is_q && target.slot >= 0;
+                    if (!copy_out && !cached) continue;
+                    const Vector16<Storage> data = load16(row_in<Storage>(args, token, row) + feature);
+                    if (copy_out) store16(row_out<Storage>(args, token, row) + feature, data);
+                    if (!cached) continue;
+                    const int64_t head = row - args.q_heads;
+                    store_cache_copy(args.k_cache, target.k_row + head * args.k_cache.stride_head + feature,
+                                     cache_scale(args.k_cache, head), data);
+                }
+            }
+        }
+
+        // v: the slice's v rows, unrotated, into the v cache; padding writes nothing.
+        if (slice >= args.k_heads) continue;
+        load_slot();
+        const SlotRows target = slot_rows(args, raw_slot);
+        if (target.slot < 0) continue;
+        for (int64_t head = slice; head < args.k_heads; head += args.slices) {
+            const Storage* in = static_cast<const Storage*>(args.v) + args.v_geometry.offset(0, head, token, 0);
+            const int64_t cache_row = target.v_row + head * args.v_cache.stride_head;
+            const float scale = cache_scale(args.v_cache, head);
+            for (int64_t first = threadIdx.x; first < args.v_runs; first += kRows * int64_t(blockDim.x)) {
+                Vector16<Storage> data[kRows];
+#pragma unroll
+                for (int u = 0; u < kRows; ++u) {
+                    const int64_t run = first + u * int64_t(blockDim.x);
+                    if (run < args.v_runs) data[u] = load16(in + run * kWidth);
+                }
+#pragma unroll
+                for (int u = 0; u < kRows; ++u) {
+                    const int64_t run = first + u * int64_t(blockDim.x);
+                    if (run < args.v_runs) store_cache_copy(args.v_cache, cache_row + run * kWidth, scale, data[u]);
+                }
+            }
+        }
+    }
+}
+
+/// Whether every run a thread moves into @p cache is aligned for one store (16 bytes
+/// for a model-dtype cache, a run of FP8 codes for an FP8 one).
+template <typename Storage>
+bool cache_runs_aligned(const KvAppendPlan& plan, const CacheTarget& cache) {
+    const int64_t element = cache.dtype == CacheDType::model ? int64_t(sizeof(Storage)) : 1;
+    const int64_t run_bytes = Vector16<Storage>::kWidth * element;
+    if (reinterpret_cast<uintptr_t>(cache.data) % uintptr_t(run_bytes) != 0) return false;
+    const int64_t pages = plan.slot_limit / plan.page_size;
+    // A stride matters only along an axis with more than one index.
+    const int64_t axes[3][2] = {
+        {pages, cache.stride_page}, {plan.page_size, cache.stride_slot}, {cache.heads, cache.stride_head}};
+    for (const auto& axis : axes)
+        if (axis[0] > 1 && (axis[1] * element) % run_bytes != 0) return false;
+    return true;
+}
+
+/// Whether the 16-byte kernel can run @p plan: whole chunks and runs, every row aligned.
+template <typename Storage>
+bool append_vector_fits(const KvAppendPlan& plan) {
+    const Plan& rope = plan.rope;
+    return rope.pairs > 0 && vector_path_fits<Storage>(rope) &&
+           plan.v_geometry.head_dim % Vector16<Storage>::kWidth == 0 &&
+           rows_vectorizable<Storage>(plan.v, plan.v_geometry) && cache_runs_aligned<Storage>(plan, plan.k_cache) &&
+           cache_runs_aligned<Storage>(plan, plan.v_cache);
+}
+
+/// Builds the arguments and grid, and launches the kernel for the plan's angle rule.
+template <typename Storage, Style kStyle, int Capacity>
+void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
+    constexpr int kWidth = Vector16<Storage>::kWidth;
+    const Plan& rope = plan.rope;
+    AppendArgs<Capacity> args{};
+    args.q = rope.q;
+    args.k = rope.k;
+    args.v = plan.v;
+    args.v_geometry = plan.v_geometry;
+    args.positions = rope.positions;
+    args.angles = make_angle_args<Capacity>(rope);
+    args.axes = rope.axes;
+    args.positions_in_memory = rope.positions.ids != nullptr || rope.positions.cu_seqlens != nullptr ||
+                               rope.angles.table.data != nullptr ||
+                               (rope.positions.relative &&  // As the RoPE kernel's (unit_kernel.cuh, plan_units).
+                                (rope.positions.from.ids != nullptr || rope.positions.from.cu_seqlens != nullptr));
+    args.rotary_dim = rope.rotary_dim;
+    args.q_heads = rope.q.in_geometry.heads;
+    args.k_heads = rope.k.in_geometry.heads;
+    args.rows = args.q_heads + args.k_heads;
+    args.rotary_chunks = rope.pairs / kWidth;
+    args.chunks = args.rotary_chunks + (rope.head_dim - rope.rotary_dim) / kWidth;
+    args.v_runs = plan.v_geometry.head_dim / kWidth;
+    args.slots = plan.slots;
+    args.slot_count = plan.slot_count;
+    args.slot_limit = plan.slot_limit;
+    args.k_cache = plan.k_cache;
+    args.v_cache = plan.v_cache;
+
+    // The regime (4.): would one thread per chunk of every row, v's included, fill the GPU?
+    const int64_t tokens = plan.tokens();
+    const int64_t block_x = std::min<int64_t>(args.chunks, kAppendBlockThreads);
+    const int64_t block_y = std::max<int64_t>(1, kAppendBlockThreads / block_x);
+    const bool bandwidth = tokens * (args.rows + args.k_heads) * block_x >=
+                           int64_t(device.multiprocessors) * kThreadSlotsPerSM;
+    const int64_t per_slice = std::min(bandwidth ? kBandwidthRowsPerSlice : kLatencyRowsPerSlice, args.rows);
+    args.slices = (args.rows + per_slice - 1) / per_slice;
+    args.units = tokens * args.slices;
+    args.by_slices = FastDivisor(args.slices);
+    args.by_page_size = FastDivisor(plan.page_size);
+    const int64_t blocks = (args.units + block_y - 1) / block_y;
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)));  // The unit loop covers the rest.
+    const dim3 block(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
+    const ProgrammaticLaunch programmatic(grid, block, stream_of(rope), device);
+    // The default angle gets a kernel of its own, as in the RoPE kernel (unit_kernel.cuh, launch_units).
+    if (default_angle_only(rope.angles))
+        launch_kernel("rope_kv_append_kernel", programmatic.config,
+                      rope_kv_append_kernel<Storage, kStyle, true, Capacity>, args);
+    else
+        launch_kernel("rope_kv_append_kernel", programmatic.config,
+                      rope_kv_append_kernel<Storage, kStyle, false, Capacity>, args);
+}
+
+template <typename Storage, Style kStyle>
+void launch_styled_append(const KvAppendPlan& plan, const DeviceInfo& device) {
+    if (plan.rope.pairs <= kSmallAppendCapacity)
+        launch_append<Storage, kStyle, kSmallAppendCapacity>(plan, device);
+    else
+        launch_append<Storage, kStyle, int(kMaxPairs)>(plan, device);
+}
+
+}  // namespace
+
+void launch_kv_append_optimized(const KvAppendPlan& plan, const DeviceInfo& device) {
+    const bool vector = dispatch_dtype(plan.rope.dtype, [&](auto storage) {
+        return append_vector_fits<decltype(storage)>(plan);
+    });
+    if (!vector) {
+        launch_kv_append_generic(plan);  // Checks its pointers itself.
+        return;
+    }
+    check_device_pointers(plan);
+    dispatch_dtype(plan.rope.dtype, [&](auto storage) {
+        using Storage = decltype(storage);
+        if (plan.rope.style == Style::half_split)
+            launch_styled_append<Storage, Style::half_split>(plan, device);
+        else
+            launch_styled_append<Storage, Style::interleaved>(plan, device);
+    });
+}
+
+}  // namespace rope::cuda_detail
