@@ -16,8 +16,13 @@
 // - --op append (AppendWorkload, CUDA backends): RoPE fused with the paged KV-cache append against the same
 //   work unfused (the backend's RoPE call, then append_baseline.cu's scatter), both against a copy of the
 //   bytes the fused call moves.
+// - --op qknorm (CUDA backends): the fused QK-RMSNorm + RoPE (rope::apply_qk_norm, per head, Llama-style weight)
+//   against the same work as a user runs it unfused (qk_norm_baseline.cu's RMSNorm of q, then of k, then the
+//   backend's RoPE call), both on the same sets and against the copy of the same q and k bytes.
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -35,10 +40,13 @@
 #include "rope/buffer.hpp"
 #include "rope/cuda_check.hpp"
 #include "rope/detail/plan.hpp"
+#include "rope/detail/qk_norm_plan.hpp"
+#include "rope/qk_norm.hpp"
 #include "rope/rope.hpp"
 #if ROPE_BENCH_CUDA
 #include "append_baseline.hpp"
 #include "cuda_timing.hpp"
+#include "qk_norm_baseline.hpp"
 #include "rope/detail/kv_append_plan.hpp"
 #endif
 #if ROPE_BENCH_FLASHINFER
@@ -140,6 +148,7 @@ public:
 #endif
             if (index == 0) first_args_ = args;
             plans_.push_back(rope::make_plan(config_, args, device));
+            if (options.op == "qknorm") add_qk_norm_set(form, args);
         }
     }
 
@@ -154,23 +163,99 @@ public:
             row.not_run = "unsupported: " + std::string(error.what());
             return row;
         }
+        return timed_row(row, [&](int64_t c) { backend.run(plans_[std::size_t(c % sets_)]); }, threads);
+    }
+
+    // --op qknorm: the fused row and the unfused row of `backend`, each measured options.runs times, or the
+    // row saying why it refuses the call (the first set once through rope::apply_qk_norm, as measure_row).
+    std::vector<Row> measure_qk_norm_rows(rope::Backend& backend, Row row) {
+        row.op = "qknorm";
+        try {
+            rope::apply_qk_norm(backend, config_, first_qk_args_);
+        } catch (const rope::Error& error) {
+            row.not_run = "unsupported: " + std::string(error.what());
+            return {row};
+        }
+        const auto fused = [&](int64_t c) { backend.run_qk_norm(qk_plans_[std::size_t(c % sets_)]); };
+        std::vector<Row> rows{timed_row(row, fused)};
+        row.op = "qknorm-unfused";
+#if ROPE_BENCH_CUDA
+        const auto unfused = [&](int64_t c) {
+            const std::size_t set = std::size_t(c % sets_);
+            rms_norm_async(norms_[set][0], stream_->get());
+            rms_norm_async(norms_[set][1], stream_->get());
+            backend.run(plans_[set]);
+        };
+        try {  // The baseline's own limits (16-byte runs), and the backend's RoPE call, once.
+            rope::apply(backend, config_, first_args_);
+            unfused(0);
+        } catch (const rope::Error& error) {
+            row.not_run = "unsupported: " + std::string(error.what());
+            rows.push_back(row);
+            return rows;
+        }
+        rows.push_back(timed_row(row, unfused));
+#else
+        row.not_run = "skipped: rope-bench built without CUDA timing";
+        rows.push_back(row);
+#endif
+        return rows;
+    }
+
+private:
+    // `row` with the runs of `call` (call c works on set c % sets) against the copy ceiling of q and k.
+    Row timed_row(Row row, const std::function<void(int64_t)>& call, int threads = 0) {
         std::vector<Measurement> runs;
-        for (int run = 0; run < options_.runs; ++run) runs.push_back(measure(backend, threads));
+        for (int run = 0; run < options_.runs; ++run) runs.push_back(measure(call, threads));
         row.summary = summarize(runs);
         row.sets = sets_;
         row.bytes = 2.0 * double(set_bytes_);  // Every element of q and k read once and written once.
         return row;
     }
 
-private:
-    // One run: backend.run() on the rotating sets against the copy ceiling of the same bytes.
-    Measurement measure(rope::Backend& backend, [[maybe_unused]] int threads) {
+    // --op qknorm: set `args`'s fused call (random norm weights of the dtype, one per operand, shared by the
+    // sets) and its unfused steps' RMSNorm launches (in place on q and on k). What the library refuses is
+    // reported per backend by measure_qk_norm_rows.
+    void add_qk_norm_set(const Form& form, const rope::RopeArgs& args) {
+        const std::size_t weight_bytes = std::size_t(form.head_dim * rope::dtype_size(options_.dtype));
+        if (weights_[0].bytes() == 0)
+            for (rope::Buffer& weight : weights_) weight = random_buffer(device_, options_.dtype, weight_bytes);
+        rope::QkNormArgs qk = rope::QkNormArgs::in_place(args.q, args.k);
+        qk.q_out = args.q_out;
+        qk.k_out = args.k_out;
+        qk.q_weight = {weights_[0].data(), options_.dtype, device_, form.head_dim};
+        qk.k_weight = {weights_[1].data(), options_.dtype, device_, form.head_dim};
+        qk.rounding = options_.rounding;
+        qk.positions = args.positions;
+        qk.cos_sin_cache = args.cos_sin_cache;
+        qk.stream = args.stream;
+        if (plans_.size() == 1) first_qk_args_ = qk;
+        if (qk_plans_.size() + 1 < plans_.size()) return;  // The library refused set 0: nothing to time.
+        try {
+            qk_plans_.push_back(rope::make_qk_norm_plan(config_, qk, device_));
+        } catch (const rope::Error&) {
+            if (plans_.size() == 1) return;
+            throw;
+        }
+#if ROPE_BENCH_CUDA
+        std::array<NormRows, 2> norms;
+        for (int which = 0; which < 2; ++which) {
+            const rope::TensorView& view = which == 0 ? args.q : args.k;
+            norms[std::size_t(which)] = {view.data, weights_[std::size_t(which)].data(),
+                                         form.batch * form.seq * (which == 0 ? form.q_heads : form.k_heads),
+                                         form.head_dim, options_.dtype, float(qk.eps)};
+        }
+        norms_.push_back(norms);
+#endif
+    }
+
+    // One run: `call` on the rotating sets against the copy ceiling of the same bytes.
+    Measurement measure(const std::function<void(int64_t)>& call, [[maybe_unused]] int threads) {
         if (copy_destination_.bytes() == 0) {
             copy_destination_ = rope::Buffer(device_, inputs_.bytes());
             if (device_ == rope::Device::host)
                 std::memset(copy_destination_.data(), 0, copy_destination_.bytes());  // Fault the pages in now.
         }
-        auto call = [&](int64_t c) { backend.run(plans_[std::size_t(c % sets_)]); };
         const Sets sets{inputs_.data(), copy_destination_.data(), set_bytes_, stride_, sets_};
         if (device_ == rope::Device::host) return host_measure(call, sets, threads, options_.reps);
 #if ROPE_BENCH_CUDA
@@ -193,6 +278,13 @@ private:
     rope::Buffer cu_seqlens_, ids_, table_;  // The form's arrays, on the device.
     rope::RopeArgs first_args_;            // Set 0's call, for refusal().
     std::vector<rope::Plan> plans_;        // One per set.
+    // --op qknorm: the norm weights (q's, k's), the fused call's args for set 0 and plans per set.
+    std::array<rope::Buffer, 2> weights_;
+    rope::QkNormArgs first_qk_args_;
+    std::vector<rope::QkNormPlan> qk_plans_;
+#if ROPE_BENCH_CUDA
+    std::vector<std::array<NormRows, 2>> norms_;  // The unfused steps' RMSNorm of q and of k, per set.
+#endif
 #if ROPE_BENCH_CUDA
     std::unique_ptr<rope::CudaStream> stream_;   // GPU: the plans issue on it (graph capture needs a stream of its own).
 #endif
@@ -593,6 +685,9 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
                     continue;
                 }
 #endif
+                if (options.op == "qknorm") row.op = "qknorm";
+                if (row.not_run.empty() && options.op == "qknorm" && host)
+                    row.not_run = "unsupported: --op qknorm is measured on CUDA backends";
                 if (row.not_run.empty()) {
                     std::unique_ptr<Workload>& workload = workloads[info.device];
                     if (!workload) workload = std::make_unique<Workload>(options, form, info.device);
@@ -602,6 +697,12 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
                     rope::BackendOptions backend_options;
                     backend_options.threads = resolve_threads(threads);
                     const std::unique_ptr<rope::Backend> backend = rope::make_backend(name, backend_options);
+                    if (options.op == "qknorm") {
+                        for (const Row& measured : workload->measure_qk_norm_rows(*backend, row))
+                            rows.push_back(measured);
+                        if (options.format == "table") std::cerr << "done: " << name << " " << row.shape << "\n";
+                        continue;
+                    }
                     row = workload->measure_row(*backend, backend_options.threads, row);
                 }
                 rows.push_back(row);

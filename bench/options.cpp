@@ -36,6 +36,10 @@ RoPE + KV append (--op append, CUDA backends, thd layout: B sequences of N new t
             (default 16), pages in a random order, each sequence after [0, --context) cached tokens;
             unfused: the backend's RoPE call, then a plain scatter of k and v into the same slots;
             both against a copy of the bytes the fused call moves; --cache model|e4m3fn|e5m2
+QK-RMSNorm + RoPE (--op qknorm, CUDA backends; per-head norm, Llama-style weight of the dtype):
+  qknorm    the fused call (rope::apply_qk_norm), rounding as --rounding says (default float32)
+  unfused   bench/qk_norm_baseline.cu's RMSNorm of q, then of k, then the backend's RoPE call;
+            both against a copy of the same q and k bytes
 Bounds (beyond them an option is refused before any work): the ranges above; each of B, H, N, D from 1
   to 2^31-1; q and k of one shape at most 2^34 elements; --table at most 2^24 rows (the position offset
   plus the tokens times --cp SIZE); a --packed total or list adds up to the shape's B x N tokens.
@@ -43,6 +47,7 @@ Examples:
   rope-bench --backend cpu-naive --shape 1,4,64,64 --reps 3
   rope-bench --backend cuda-optimized --shape 1,32,32768,128 --kv-heads 8 --dtype bf16 --packed 1..8192:32768 --runs 3
   rope-bench --backend cuda-optimized --op append --shape 64,32,1,128 --kv-heads 8 --dtype bf16 --graph
+  rope-bench --backend cuda-optimized --op qknorm --layout thd --shape 64,32,1,128 --kv-heads 8 --dtype bf16 --graph
 )";
 
 // A comma-separated list of non-negative integers, e.g. "1,32,4096,128".
@@ -184,9 +189,11 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_flag("--ids", options.ids, "plain positions as an int64 ids tensor [N] shared by the batch")
         ->excludes(mrope_option)
         ->excludes("--axial");
+    std::string rounding = "float32";
     std::string cache = "model";
-    CLI::Option* op_option = app.add_option("--op", options.op, "rope (default) or append (RoPE + KV append)")
-                                 ->check(CLI::IsMember({"rope", "append"}));
+    CLI::Option* op_option = app.add_option("--op", options.op, "rope (default), append (RoPE + KV append) or "
+                                                             "qknorm (QK-RMSNorm + RoPE)")
+                                 ->check(CLI::IsMember({"rope", "append", "qknorm"}));
     app.add_option("--page-size", options.page_size, "--op append: slots per cache page (default 16)")
         ->check(within(1, kMaxPageSize))
         ->needs(op_option);
@@ -197,6 +204,11 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_option("--cache", cache, "--op append: what the caches store: model, e4m3fn or e5m2 (default model)")
         ->check(CLI::IsMember({"model", "e4m3fn", "e5m2"}))
         ->needs(op_option);
+    CLI::Option* rounding_option =
+        app.add_option("--rounding", rounding, "--op qknorm: float32, hf_qwen3, hf_gemma3 or hf_olmo2 "
+                                               "(default float32)")
+            ->check(CLI::IsMember({"float32", "hf_qwen3", "hf_gemma3", "hf_olmo2"}))
+            ->needs(op_option);
     app.add_option("--format", options.format, "table or csv (default table)")
         ->check(CLI::IsMember({"table", "csv"}));
 
@@ -227,6 +239,9 @@ Options parse_options(int argc, const char* const* argv) {
             throw UsageError("--cp: --op append measures unsharded sequences only");
         options.layout = rope::Layout::thd;
     }
+    options.rounding = rope::parse_qk_norm_rounding(rounding);
+    if (rounding_option->count() > 0 && options.op != "qknorm")
+        throw UsageError("--rounding " + rounding + ": only with --op qknorm, got --op " + options.op);
     if (options.backends.empty() || std::count(options.backends.begin(), options.backends.end(), "all") > 0)
         options.backends.assign(backend_names.begin() + 1, backend_names.end());
     for (const std::string& text : shape_texts) options.shapes.push_back(parse_shape(text));

@@ -11,6 +11,7 @@
 #include "rope/config.hpp"
 #include "rope/dtype.hpp"
 #include "rope/kv_append.hpp"
+#include "rope/qk_norm.hpp"
 #include "rope/tensor.hpp"
 
 namespace rope_bench {
@@ -78,11 +79,13 @@ struct Options {
     bool table = false;                 ///< --table: a caller's cos/sin table (RopeArgs::cos_sin_cache).
     bool ids = false;                   ///< --ids: the plain positions as an int64 ids tensor in memory.
     std::string format = "table";       ///< table or csv.
-    /// --op: rope (the RoPE call) or append (RoPE + KV append: the fused call, the unfused pair, their ceiling).
+    /// --op: rope (the RoPE call), append (RoPE + KV append: the fused call, the unfused pair, their ceiling)
+    /// or qknorm (QK-RMSNorm + RoPE: the fused call, the unfused steps).
     std::string op = "rope";
     int64_t page_size = 16;             ///< --op append: slots per cache page.
     int64_t context = 2048;             ///< --op append: each sequence's cached tokens drawn from [0, context).
     rope::CacheDType cache_dtype = rope::CacheDType::model;  ///< --op append: --cache model, e4m3fn or e5m2.
+    rope::QkNormRounding rounding = rope::QkNormRounding::float32;  ///< --op qknorm: --rounding.
     bool help = false;                  ///< --help: print usage and do nothing else.
     std::string usage;                  ///< The help text (always filled).
 };

@@ -47,6 +47,9 @@ TEST_CASE("defaults, and options read as written") {
     const rope_bench::Options append = parse({"--op", "append", "--page-size", "32", "--cache", "e5m2"});
     CHECK((append.op == "append" && append.layout == rope::Layout::thd && append.page_size == 32 &&
            append.cache_dtype == rope::CacheDType::e5m2 && append.context == 2048));
+    const rope_bench::Options qk = parse({"--op", "qknorm", "--rounding", "hf_qwen3"});
+    CHECK((qk.op == "qknorm" && qk.rounding == rope::QkNormRounding::hf_qwen3));
+    CHECK((parse({}).op == "rope" && parse({"--op", "qknorm"}).rounding == rope::QkNormRounding::float32));
 }
 
 // Every option with a number or a name: accepted at its bounds (options.hpp), refused beyond them at once, the
@@ -109,6 +112,12 @@ TEST_CASE("the table of accepted and refused options") {
         {{"--page-size", "16"}, "--page-size requires --op"},
         {{"--op", "append", "--layout", "bshd"}, "--layout bshd: --op append takes thd"},
         {{"--op", "append", "--cp", "2,0"}, "--cp: --op append measures unsharded sequences only"},
+        {{"--op", "qknorm", "--rounding", "hf_olmo2"}, ""},
+        {{"--op", "norm"}, "--op: norm not in"},
+        {{"--op", "qknorm", "--rounding", "bf16"}, "--rounding: bf16 not in"},
+        {{"--rounding", "hf_qwen3"}, "--rounding requires --op"},
+        {{"--op", "rope", "--rounding", "hf_qwen3"}, "--rounding hf_qwen3: only with --op qknorm, got --op rope"},
+        {{"--op", "append", "--rounding", "float32"}, "--rounding float32: only with --op qknorm, got --op append"},
     };
     for (const auto& [arguments, refusal] : table) {
         std::string line;

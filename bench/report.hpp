@@ -29,7 +29,9 @@ struct Row {
     int64_t sets = 0;       ///< Sets of q and k the calls rotate through.
     double bytes = 0;       ///< Bytes one call moves: q and k read once and written once.
     Summary summary;        ///< The measurement, when it ran.
-    std::string op = "rope";  ///< rope; append (RoPE + KV append, fused) or append-unfused (RoPE, then a scatter).
+    /// rope; append (RoPE + KV append, fused) or append-unfused (RoPE, then a scatter); qknorm (QK-RMSNorm +
+    /// RoPE, fused) or qknorm-unfused (RMSNorm of q and of k, then RoPE).
+    std::string op = "rope";
     std::string cache_dtype;  ///< --op append: what the KV caches store (model, e4m3fn, e5m2); else empty.
 };
 

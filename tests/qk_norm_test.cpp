@@ -338,6 +338,44 @@ TEST_CASE_TEMPLATE_DEFINE("qk_norm HF rounding modes: near float64, and the same
 }
 TEST_CASE_TEMPLATE_APPLY(qk_norm_hf, AllBackends);
 
+// cuda-optimized computes a token's cos and sin once per block and shares them across the block's heads
+// (up to eight q and k heads a block; a token with more spreads over several blocks). cuda-naive computes
+// them pair by pair and head by head with the same sincosf, so the two agree bit for bit: here with heads
+// filling five blocks exactly (Qwen3-8B's 32 + 8) and two blocks, the second partly (12 + 3), in every
+// rounding mode of the per-head kinds.
+TEST_CASE("qk_norm: cuda-optimized gives cuda-naive's bits, a token's heads over several blocks") {
+    auto optimized = testing::backend_or_skip("cuda-optimized");
+    auto naive = testing::backend_or_skip("cuda-naive");
+    if (!optimized || !naive) return;
+    const std::pair<rope::QkNormRounding, rope::QkNormKind> modes[] = {
+        {rope::QkNormRounding::float32, rope::QkNormKind::per_head},
+        {rope::QkNormRounding::float32, rope::QkNormKind::per_head_gemma},
+        {rope::QkNormRounding::hf_qwen3, rope::QkNormKind::per_head},
+        {rope::QkNormRounding::hf_gemma3, rope::QkNormKind::per_head_gemma}};
+    for (const rope::DType dtype : dtypes())
+        for (const auto& [q_heads, k_heads] : {std::pair<int64_t, int64_t>{32, 8}, {12, 3}})
+            for (const auto& [rounding, kind] : modes) {
+                Case c;
+                c.config = config_of(128, 0, rope::Style::half_split);
+                c.dtype = dtype;
+                c.q_heads = q_heads;
+                c.k_heads = k_heads;
+                c.kind = kind;
+                c.rounding = rounding;
+                c.weight_dtype = dtype;
+                c.in_place = rounding == rope::QkNormRounding::hf_qwen3;
+                INFO(rope::dtype_name(dtype), " ", rope::qk_norm_rounding_name(rounding), " ", q_heads, "+", k_heads,
+                     " heads, seed ", testing::seed());
+                const uint64_t state = testing::seed() ^ uint64_t(q_heads) * 131 ^ uint64_t(rounding) * 7;
+                testing::rng().seed(state);
+                const Result got = run_case(*optimized, c);
+                testing::rng().seed(state);
+                const Result reference = run_case(*naive, c);  // the same inputs (same draws)
+                CHECK(got.q == reference.q);
+                CHECK(got.k == reference.k);
+            }
+}
+
 namespace {
 
 // A packed [tokens, (q_heads + 2 kv_heads) * head_dim] buffer, random, with room for padding per row.

@@ -7,7 +7,8 @@
 /// - inverse_rms: 1 / sqrt(mean + eps), rounded as torch's rsqrt rounds;
 /// - normalized_feature: one feature normalised and weighted, rounded as the mode says;
 /// - rotate_normalized: one pair rotated, rounded as the mode says;
-/// - group_inverse_rms and normalize_rotate_head: one norm group, one head row.
+/// - group_inverse_rms and normalize_rotate_head (normalize_rotate_head_with, given the pairs'
+///   cos and sin): one norm group, one head row.
 
 #include <cmath>
 #include <cstdint>
@@ -281,6 +282,47 @@ ROPE_HOST_DEVICE inline float group_inverse_rms(const QkNormStep& step, const No
 }
 
 /// @brief Normalises head row (b, h, s) with @p inverse (its group's inverse_rms), rotates its
+/// pairs by the cos and sin @p factors gives, passes the features past rotary_dim through
+/// normalised, and writes the row. The one copy of the row's arithmetic: normalize_rotate_head
+/// computes the factors pair by pair; a kernel that shares a token's factors across its heads
+/// reads them from where it stored them (the same floats, so the same results bit for bit).
+/// @tparam Storage the storage type.
+/// @tparam Factors a callable factors(i, cos, sin) setting pair i's cos and sin (rotation_factors).
+/// @param step the call's norm.
+/// @param factors the pairs' cos and sin.
+/// @param operand q or k.
+/// @param b, h, s sequence, head and token.
+/// @param inverse inverse_rms of the row's group.
+/// @param first, stride this caller's share: pairs (and pass-through features) first,
+///        first + stride, ... (a warp's lane and 32; 0 and 1 for the whole row).
+template <typename Storage, typename Factors>
+ROPE_HOST_DEVICE inline void normalize_rotate_head_with(const QkNormStep& step, const Factors& factors,
+                                                        const NormOperand& operand, int64_t b, int64_t h, int64_t s,
+                                                        float inverse, int64_t first, int64_t stride) {
+    const Geometry& g = operand.tensor.in_geometry;
+    const Geometry& o = operand.tensor.out_geometry;
+    const auto* in = static_cast<const Storage*>(operand.tensor.in);
+    auto* out = static_cast<Storage*>(operand.tensor.out);
+    const int64_t weight_base = step.kind == QkNormKind::across_heads ? h * step.head_dim : 0;
+    const auto normalized = [&](int64_t d) {
+        return normalized_feature<Storage>(to_float(in[g.offset(b, h, s, d)]), inverse,
+                                           weight_at(operand.weight, operand.weight_dtype, weight_base + d),
+                                           step.kind, step.rounding);
+    };
+    for (int64_t i = first; i < step.pairs; i += stride) {
+        float cos_angle, sin_angle;
+        factors(i, cos_angle, sin_angle);
+        const PairIndex pair = pair_elements(step.style, step.rotary_dim, i);
+        float x = normalized(pair.first), y = normalized(pair.second);  // Both read before either is written.
+        rotate_normalized<Storage>(x, y, cos_angle, sin_angle, step.rounding);
+        out[o.offset(b, h, s, pair.first)] = from_float<Storage>(x);
+        out[o.offset(b, h, s, pair.second)] = from_float<Storage>(y);
+    }
+    for (int64_t d = step.rotary_dim + first; d < step.head_dim; d += stride)
+        out[o.offset(b, h, s, d)] = from_float<Storage>(normalized(d));
+}
+
+/// @brief Normalises head row (b, h, s) with @p inverse (its group's inverse_rms), rotates its
 /// pairs, passes the features past rotary_dim through normalised, and writes the row.
 /// @tparam Storage the storage type.
 /// @tparam Rule AngleRule, or the CUDA kernels' copy of it.
@@ -297,27 +339,10 @@ ROPE_HOST_DEVICE inline void normalize_rotate_head(const QkNormStep& step, const
                                                    const TokenPositions& positions, const NormOperand& operand,
                                                    int64_t b, int64_t h, int64_t s, float inverse, int64_t first = 0,
                                                    int64_t stride = 1) {
-    const Geometry& g = operand.tensor.in_geometry;
-    const Geometry& o = operand.tensor.out_geometry;
-    const auto* in = static_cast<const Storage*>(operand.tensor.in);
-    auto* out = static_cast<Storage*>(operand.tensor.out);
-    const int64_t weight_base = step.kind == QkNormKind::across_heads ? h * step.head_dim : 0;
-    const auto normalized = [&](int64_t d) {
-        return normalized_feature<Storage>(to_float(in[g.offset(b, h, s, d)]), inverse,
-                                           weight_at(operand.weight, operand.weight_dtype, weight_base + d),
-                                           step.kind, step.rounding);
-    };
-    for (int64_t i = first; i < step.pairs; i += stride) {
-        float cos_angle, sin_angle;
+    const auto factors = [&](int64_t i, float& cos_angle, float& sin_angle) {
         rotation_factors(rule, positions.of_pair(rule, step.axes, i), i, cos_angle, sin_angle);
-        const PairIndex pair = pair_elements(step.style, step.rotary_dim, i);
-        float x = normalized(pair.first), y = normalized(pair.second);  // Both read before either is written.
-        rotate_normalized<Storage>(x, y, cos_angle, sin_angle, step.rounding);
-        out[o.offset(b, h, s, pair.first)] = from_float<Storage>(x);
-        out[o.offset(b, h, s, pair.second)] = from_float<Storage>(y);
-    }
-    for (int64_t d = step.rotary_dim + first; d < step.head_dim; d += stride)
-        out[o.offset(b, h, s, d)] = from_float<Storage>(normalized(d));
+    };
+    normalize_rotate_head_with<Storage>(step, factors, operand, b, h, s, inverse, first, stride);
 }
 
 /// @brief The whole of one norm group of token (b, s) of operand @p which: head @p h
