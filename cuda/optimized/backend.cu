@@ -17,6 +17,7 @@
 #include "check.hpp"
 #include "kernel_args.cuh"
 #include "kv_append.cuh"
+#include "kv_append_generic.hpp"
 #include "pointer_check.hpp"
 #include "rope/detail/backend_factories.hpp"
 #include "rope/detail/qk_norm_plan.hpp"
