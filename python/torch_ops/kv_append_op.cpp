@@ -32,51 +32,6 @@
 namespace rope_torch {
 namespace {
 
-// A tensor as DLPack describes it; FP8 tensors as their uint8 codes, with their format in @p fp8.
-rope_python::Array tensor_array(const char* name, const at::Tensor& tensor, bool written,
-                                std::string_view* fp8 = nullptr) {
-    rope_python::Array array;
-    array.data = written ? tensor.mutable_data_ptr() : const_cast<void*>(tensor.const_data_ptr());
-    const at::ScalarType type = tensor.scalar_type();
-    if (fp8 != nullptr && (type == at::kFloat8_e4m3fn || type == at::kFloat8_e5m2)) {
-        array.dtype = {uint8_t(rope_python::dlpack::Code::UInt), 8, 1};
-        *fp8 = type == at::kFloat8_e4m3fn ? "e4m3fn" : "e5m2";
-    } else {
-        DLDataType dtype{};
-        try {
-            dtype = at::getDLDataType(tensor);
-        } catch (const c10::Error&) {
-            rope::fail(std::string(name) + ".dtype", std::string(c10::toString(type)), "has no DLPack type");
-        }
-        array.dtype = {dtype.code, dtype.bits, dtype.lanes};
-    }
-    const c10::Device device = tensor.device();
-    if (device.is_cpu()) {
-        array.device_type = rope_python::dlpack::cpu;
-    } else if (device.is_cuda()) {
-        array.device_type = rope_python::dlpack::cuda;
-        array.device_id = device.index();
-    } else {
-        rope::fail(std::string(name) + ".device", device.str(), "rope runs on the host (CPU) or on CUDA devices");
-    }
-    array.ndim = size_t(tensor.dim());
-    array.shape = tensor.sizes().data();
-    array.strides = tensor.strides().data();
-    return array;
-}
-
-// Integer indices as rope reads them: int64 and contiguous (converted otherwise, which
-// allocates: a captured call passes them so already). Floats are refused, never rounded.
-const at::Tensor* index_tensor(const char* name, const at::Tensor* tensor, at::Tensor& converted) {
-    if (tensor == nullptr) return nullptr;
-    const at::ScalarType type = tensor->scalar_type();
-    if (!at::isIntegralType(type, /*includeBool=*/false))
-        rope::fail(name, c10::getDtypeNames(type).first, "must be integers (any integer dtype): never rounded");
-    if (type == at::kLong && tensor->is_contiguous()) return tensor;
-    converted = tensor->to(at::kLong).contiguous();
-    return &converted;
-}
-
 void run(rope_python::KvAppendCall& call, const rope::RopeConfig& config) {
 #if ROPE_TORCH_OPS_CUDA
     if (call.cuda_device >= 0) {
@@ -112,23 +67,23 @@ void append_kv_in_place(const at::Tensor& q, const at::Tensor& k, const at::Tens
         rope_python::Array arrays[10];
         std::string_view k_fp8, v_fp8;
         rope_python::KvAppendArrays call_arrays;
-        arrays[0] = tensor_array("q", q, true);
-        arrays[1] = tensor_array("k", k, true);
-        arrays[2] = tensor_array("v", v, false);
-        arrays[3] = tensor_array("k_cache", k_cache, true, &k_fp8);
-        arrays[4] = tensor_array("v_cache", v_cache, true, &v_fp8);
-        arrays[5] = tensor_array("slot_mapping", *slots, false);
+        arrays[0] = array_of("q", q, true);
+        arrays[1] = array_of("k", k, true);
+        arrays[2] = array_of("v", v, false);
+        arrays[3] = array_of("k_cache", k_cache, true, &k_fp8);
+        arrays[4] = array_of("v_cache", v_cache, true, &v_fp8);
+        arrays[5] = array_of("slot_mapping", *slots, false);
         call_arrays.rope.q = &arrays[0];
         call_arrays.rope.k = &arrays[1];
         call_arrays.v = &arrays[2];
         call_arrays.k_cache = &arrays[3];
         call_arrays.v_cache = &arrays[4];
         call_arrays.slot_mapping = &arrays[5];
-        if (id_tensor) call_arrays.rope.ids = &(arrays[6] = tensor_array("positions", *id_tensor, false));
-        if (borrow(k_scale)) call_arrays.k_scale = &(arrays[7] = tensor_array("k_scale", *k_scale, false));
-        if (borrow(v_scale)) call_arrays.v_scale = &(arrays[8] = tensor_array("v_scale", *v_scale, false));
+        if (id_tensor) call_arrays.rope.ids = &(arrays[6] = array_of("positions", *id_tensor, false));
+        if (borrow(k_scale)) call_arrays.k_scale = &(arrays[7] = array_of("k_scale", *k_scale, false));
+        if (borrow(v_scale)) call_arrays.v_scale = &(arrays[8] = array_of("v_scale", *v_scale, false));
         if (borrow(cos_sin_cache))
-            call_arrays.rope.cos_sin_cache = &(arrays[9] = tensor_array("cos_sin_cache", *cos_sin_cache, false));
+            call_arrays.rope.cos_sin_cache = &(arrays[9] = array_of("cos_sin_cache", *cos_sin_cache, false));
 
         rope_python::KvAppendOptions options;
         options.rope.backend = view(backend);

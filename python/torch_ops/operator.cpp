@@ -34,21 +34,25 @@
 #include "config_key.hpp"
 
 namespace rope_torch {
-namespace {
 
-// The DLPack description of a tensor (PyTorch's own mapping of its dtypes),
-// which call_args checks as it checks rope.apply's arrays.
-rope_python::Array array_of(const char* name, const at::Tensor& tensor, bool written) {
+// The DLPack description of a tensor (PyTorch's own mapping of its dtypes), which call_args
+// checks as it checks rope.apply's arrays; with @p fp8, an FP8 tensor as its uint8 codes.
+rope_python::Array array_of(const char* name, const at::Tensor& tensor, bool written, std::string_view* fp8) {
     rope_python::Array array;
     array.data = written ? tensor.mutable_data_ptr() : const_cast<void*>(tensor.const_data_ptr());
-    DLDataType dtype{};
-    try {
-        dtype = at::getDLDataType(tensor);
-    } catch (const c10::Error&) {
-        rope::fail(std::string(name) + ".dtype", std::string(c10::toString(tensor.scalar_type())),
-                   "has no DLPack type");
+    const at::ScalarType type = tensor.scalar_type();
+    if (fp8 != nullptr && (type == at::kFloat8_e4m3fn || type == at::kFloat8_e5m2)) {
+        array.dtype = {uint8_t(rope_python::dlpack::Code::UInt), 8, 1};
+        *fp8 = type == at::kFloat8_e4m3fn ? "e4m3fn" : "e5m2";
+    } else {
+        DLDataType dtype{};
+        try {
+            dtype = at::getDLDataType(tensor);
+        } catch (const c10::Error&) {
+            rope::fail(std::string(name) + ".dtype", std::string(c10::toString(type)), "has no DLPack type");
+        }
+        array.dtype = {dtype.code, dtype.bits, dtype.lanes};
     }
-    array.dtype = {dtype.code, dtype.bits, dtype.lanes};
     const c10::Device device = tensor.device();
     if (device.is_cpu()) {
         array.device_type = rope_python::dlpack::cpu;
@@ -77,6 +81,9 @@ const at::Tensor* index_tensor(const char* name, const at::Tensor* tensor, at::T
     converted = tensor->to(at::kLong).contiguous();
     return &converted;
 }
+
+namespace {
+
 
 // --- Autograd and ADInplaceOrView for apply_: what custom_op registers for a Python operator -----
 // apply_ is not differentiable (apply, the functional operator, is): below autograd, as custom_op's

@@ -131,4 +131,16 @@ std::tuple<at::Tensor, at::Tensor> apply_functional(
     return outputs;
 }
 
+/// The DLPack description of @p tensor, which call_args checks as it checks rope.apply's
+/// arrays; with @p fp8 non-null, a float8_e4m3fn or float8_e5m2 tensor is described as its
+/// uint8 codes and its format written to @p fp8. @p name names it in errors.
+rope_python::Array array_of(const char* name, const at::Tensor& tensor, bool written,
+                            std::string_view* fp8 = nullptr);
+
+/// Integer indices (positions, cu_seqlens, starts, a slot mapping) as rope reads them: int64
+/// and contiguous, converted into @p converted otherwise (which allocates: a captured call
+/// passes them so already); floats are refused, never rounded.
+/// @return @p tensor, @p converted, or null when @p tensor is null.
+const at::Tensor* index_tensor(const char* name, const at::Tensor* tensor, at::Tensor& converted);
+
 }  // namespace rope_torch
