@@ -525,7 +525,9 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv bug: FP8 saturates (scale != 1): overflow g
     // the format's largest finite value (448 for e4m3fn, 57344 for e5m2).
     for (auto [format, scale, max_code] : {std::tuple{rope::CacheDType::e4m3fn, 1.0f / 1024, uint8_t(0x7e)},
                                            std::tuple{rope::CacheDType::e5m2, 1.0f / 65536 / 3, uint8_t(0x7b)}}) {
-        CAPTURE(rope::cache_dtype_name(format));
+        // A named copy: lambdas (CAPTURE's) cannot capture a structured binding under clang's OpenMP.
+        const std::string format_name(rope::cache_dtype_name(format));
+        CAPTURE(format_name);
         Shape shape;
         shape.cache_dtype = format;
         shape.scale = scale;

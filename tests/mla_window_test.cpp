@@ -61,10 +61,13 @@ void outside_window(const rope::TensorView& view, int64_t first, int64_t width,
 // injectively, so equal doubles are equal bits; a poisoned (NaN) output never compares equal.
 long changed_outside_window(const Call& input, const Call& result, int64_t first, int64_t width) {
     long changed = 0;
-    for (const auto& [in, out] : {std::pair{&input.q, &result.q_result()}, std::pair{&input.k, &result.k_result()}})
+    for (const auto& operands : {std::pair{&input.q, &result.q_result()}, std::pair{&input.k, &result.k_result()}}) {
+        const auto* in = operands.first;  // Named: a lambda cannot capture a structured binding under clang's OpenMP.
+        const auto* out = operands.second;
         outside_window(in->view, first, width, [&](long b, long h, long s, long d) {
             if (oracle::read(out->view, b, h, s, d) != oracle::read(in->view, b, h, s, d)) ++changed;
         });
+    }
     return changed;
 }
 

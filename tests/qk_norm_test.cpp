@@ -366,8 +366,11 @@ TEST_CASE("qk_norm: cuda-optimized gives cuda-naive's bits, a token's heads over
                 c.rounding = rounding;
                 c.weight_dtype = dtype;
                 c.in_place = rounding == rope::QkNormRounding::hf_qwen3;
-                INFO(rope::dtype_name(dtype), " ", rope::qk_norm_rounding_name(rounding), " ", q_heads, "+", k_heads,
-                     " heads, seed ", testing::seed());
+                // A string first: INFO's lambda cannot capture a structured binding under clang's OpenMP.
+                const std::string what = std::string(rope::dtype_name(dtype)) + " " +
+                                         std::string(rope::qk_norm_rounding_name(rounding)) + " " +
+                                         std::to_string(q_heads) + "+" + std::to_string(k_heads) + " heads";
+                INFO(what, ", seed ", testing::seed());
                 const uint64_t state = testing::seed() ^ uint64_t(q_heads) * 131 ^ uint64_t(rounding) * 7;
                 testing::rng().seed(state);
                 const Result got = run_case(*optimized, c);
