@@ -346,14 +346,14 @@ public:
         // per set (other forms keep their positions).
         const bool place_ids = form.ids.empty() && form.cos_sin.empty() && form.axes == 1 && form.cp_size == 1;
         if (place_ids) places_ = on_device(places, cuda);
-#if ROPE_BENCH_FLASHINFER
-        prepare_flashinfer(form, bounds, cached, first_page, order, pages);
-#endif
         const std::size_t cache_element = options.cache_dtype == rope::CacheDType::model ? element : 1;
         const std::size_t cache_bytes =
             std::size_t(pages * page_size * form.k_heads * form.head_dim) * cache_element;
         k_cache_ = rope::Buffer(cuda, cache_bytes);
         v_cache_ = rope::Buffer(cuda, cache_bytes);
+#if ROPE_BENCH_FLASHINFER
+        prepare_flashinfer(form, bounds, cached, first_page, order);  // After the caches: its calls write them.
+#endif
         scales_ = on_device(std::vector<float>{0.03125f, 0.0625f}, cuda);  // k's and v's.
         moved_ = double(set_bytes_ + q_bytes_ + kv_bytes_) + 8.0 * double(tokens_) +
                  2.0 * double(tokens_ * form.k_heads * form.head_dim) * double(cache_element);
@@ -510,8 +510,7 @@ private:
     // FlashInfer's page table of the same rows (indptr, indices), each token's sequence and position per set,
     // a cos/sin table of every position, and q_out in the cache's type.
     void prepare_flashinfer(const Form& form, const std::vector<int64_t>& bounds, const std::vector<int64_t>& cached,
-                            const std::vector<int64_t>& first_page, const std::vector<int64_t>& order,
-                            int64_t pages) {
+                            const std::vector<int64_t>& first_page, const std::vector<int64_t>& order) {
         const rope::Device cuda = rope::Device::cuda;
         std::vector<int32_t> indptr(first_page.begin(), first_page.end()), indices(order.begin(), order.end());
         std::vector<int32_t> last_page_len, batch_indices(std::size_t(tokens_), 0);
@@ -555,6 +554,8 @@ private:
             call.k = set + q_bytes_;
             call.v = set + q_bytes_ + kv_bytes_;
             call.q_out = static_cast<char*>(fi_q_out_.data()) + std::size_t(s) * set_stride(q_out_bytes);
+            call.k_cache = k_cache_.data();
+            call.v_cache = v_cache_.data();
             call.indptr = static_cast<const int32_t*>(fi_indptr_.data());
             call.indices = static_cast<const int32_t*>(fi_indices_.data());
             call.last_page_len = static_cast<const int32_t*>(fi_last_page_len_.data());
@@ -573,7 +574,6 @@ private:
             call.quant_scale = options_.cache_dtype == rope::CacheDType::model ? 1.0f : 1.0f / 0.03125f;
             flashinfer_calls_.push_back(call);
         }
-        (void)pages;
     }
     rope::Buffer fi_indptr_, fi_indices_, fi_last_page_len_, fi_batch_indices_, fi_positions_, fi_cos_sin_, fi_q_out_;
     std::vector<FlashInferAppend> flashinfer_calls_;
