@@ -5,7 +5,8 @@
 ///
 /// - qk_norm_sum_of_squares: a row's sum of squares, added in PyTorch's CPU order;
 /// - inverse_rms: 1 / sqrt(mean + eps), rounded as torch's rsqrt rounds;
-/// - normalized_feature: one feature normalised and weighted, rounded as the mode says;
+/// - normalized_feature: one feature normalised and weighted, rounded as the mode says (norm_scale
+///   and scaled_feature: the same in two steps, for a kernel that prepares a row's scales once);
 /// - rotate_normalized: one pair rotated, rounded as the mode says;
 /// - group_inverse_rms and normalize_rotate_head (normalize_rotate_head_with, given the pairs'
 ///   cos and sin): one norm group, one head row.
@@ -205,6 +206,36 @@ ROPE_HOST_DEVICE inline float inverse_rms(float sum, int64_t n, float eps) {
 #endif
 }
 
+/// @brief The factor a normalised feature is multiplied by: the weight element (Llama-style,
+/// across heads) or 1 + the weight element (Gemma-style), in float32.
+/// @param weight the weight element.
+/// @param kind what is normalised.
+/// @return the scale.
+ROPE_HOST_DEVICE inline float norm_scale(float weight, QkNormKind kind) {
+    return kind == QkNormKind::per_head_gemma ? add_rn(1.0f, weight) : weight;
+}
+
+/// @brief Feature @p x normalised (times @p inverse) and multiplied by @p scale (norm_scale),
+/// rounded as @p rounding says; in float32 mode not rounded. A kernel that computes a row's
+/// scales once calls this; normalized_feature is the same arithmetic from the weight element.
+/// @tparam Storage the storage type.
+/// @param x the input feature.
+/// @param inverse inverse_rms of its group.
+/// @param scale norm_scale of its weight element.
+/// @param rounding where to round.
+/// @return the normalised value, as the rotation reads it.
+template <typename Storage>
+ROPE_HOST_DEVICE inline float scaled_feature(float x, float inverse, float scale, QkNormRounding rounding) {
+    const float x_hat = mul_rn(x, inverse);
+    switch (rounding) {
+        case QkNormRounding::hf_qwen3: return round_to<Storage>(mul_rn(scale, round_to<Storage>(x_hat)));
+        case QkNormRounding::hf_gemma3:
+        case QkNormRounding::hf_olmo2: return round_to<Storage>(mul_rn(x_hat, scale));
+        case QkNormRounding::float32: break;
+    }
+    return mul_rn(x_hat, scale);
+}
+
 /// @brief Feature @p x normalised (times @p inverse) and weighted, rounded as @p rounding says;
 /// in float32 mode not rounded.
 /// @tparam Storage the storage type.
@@ -217,15 +248,7 @@ ROPE_HOST_DEVICE inline float inverse_rms(float sum, int64_t n, float eps) {
 template <typename Storage>
 ROPE_HOST_DEVICE inline float normalized_feature(float x, float inverse, float weight, QkNormKind kind,
                                                  QkNormRounding rounding) {
-    const float x_hat = mul_rn(x, inverse);
-    const float scale = kind == QkNormKind::per_head_gemma ? add_rn(1.0f, weight) : weight;
-    switch (rounding) {
-        case QkNormRounding::hf_qwen3: return round_to<Storage>(mul_rn(scale, round_to<Storage>(x_hat)));
-        case QkNormRounding::hf_gemma3:
-        case QkNormRounding::hf_olmo2: return round_to<Storage>(mul_rn(x_hat, scale));
-        case QkNormRounding::float32: break;
-    }
-    return mul_rn(x_hat, scale);
+    return scaled_feature<Storage>(x, inverse, norm_scale(weight, kind), rounding);
 }
 
 /// @brief Rotates a normalised pair (x, y) by (cos, sin); the caller rounds the result once more
@@ -272,11 +295,13 @@ ROPE_HOST_DEVICE inline float group_inverse_rms(const QkNormStep& step, const No
                                                 int64_t h, int64_t s) {
     const Geometry& g = operand.tensor.in_geometry;
     const auto* in = static_cast<const Storage*>(operand.tensor.in);
-    const int64_t first_head = step.kind == QkNormKind::across_heads ? 0 : h;
+    const bool across = step.kind == QkNormKind::across_heads;
+    const int64_t first_head = across ? 0 : h;
     const int64_t n = group_features(step, operand);
     const int64_t head_dim = step.head_dim;
+    const Storage* row = in + g.offset(b, first_head, s, 0);  // per-head kinds: the group is this row
     const float sum = qk_norm_sum_of_squares(n, [&](int64_t f) {
-        return to_float(in[g.offset(b, first_head + f / head_dim, s, f % head_dim)]);
+        return to_float(across ? in[g.offset(b, f / head_dim, s, f % head_dim)] : row[f * g.stride_dim]);
     });
     return inverse_rms(sum, n, step.eps);
 }
