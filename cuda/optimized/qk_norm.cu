@@ -61,35 +61,61 @@ constexpr int kQuad = detail::kTorchVectors;  // Lanes per head row: one per vec
 constexpr int kChunk = detail::kTorchLanes;   // Features a lane loads at once: one PyTorch vector.
 constexpr int kQuadFeatures = kQuad * kChunk;  // Features the quad covers per step (32).
 constexpr int kMaxRowThreads = 512;           // Threads per block at most (more rows: more blocks).
-// Blocks of kMaxRowThreads that the registers of one SM must hold: two (64 registers a thread)
-// where a lane's share of a row is at most 64 bytes, so that enough loads are in flight.
+// Registers a thread of qk_norm_row_kernel may use: fewer where a lane's share of a row is at
+// most 64 bytes, so that more blocks fit on an SM and more loads are in flight; at most 128, so
+// that a block of kMaxRowThreads always fits.
 template <typename Storage, int kHeadDim>
-constexpr int kRowMinBlocks = kHeadDim * int(sizeof(Storage)) <= 256 ? 2 : 1;
+constexpr int kRowRegisters = kHeadDim * int(sizeof(Storage)) <= 256 ? 80 : 128;
 
-// kChunk features at @p at (16-byte aligned) widened to float32: 16-byte loads.
+// A chunk as raw 16-byte words: one (bf16, fp16) or two (fp32).
 template <typename Storage>
-__device__ inline void load_chunk(const Storage* at, float (&x)[kChunk]) {
-    constexpr int kWords = kChunk * int(sizeof(Storage)) / 16;
-    uint4 raw[kWords];
+constexpr int kWords = kChunk * int(sizeof(Storage)) / 16;
+// A lane's share of a head row as raw words: chunk m holds features 32m + 8j, ... (lane j).
+template <typename Storage, int kHeadDim>
+using RowWords = uint4[kHeadDim / kQuadFeatures][kWords<Storage>];
+
+// The chunk at @p at (16-byte aligned): 16-byte loads.
+template <typename Storage>
+__device__ inline void load_chunk(const Storage* at, uint4 (&raw)[kWords<Storage>]) {
 #pragma unroll
-    for (int w = 0; w < kWords; ++w) raw[w] = reinterpret_cast<const uint4*>(at)[w];
+    for (int w = 0; w < kWords<Storage>; ++w) raw[w] = reinterpret_cast<const uint4*>(at)[w];
+}
+
+// Feature @p e of a chunk, widened to float32.
+template <typename Storage>
+__device__ inline float feature(const uint4 (&raw)[kWords<Storage>], int e) {
     Storage v[kChunk];
     memcpy(v, raw, sizeof v);
+    return to_float(v[e]);
+}
+
+// A chunk's features widened to float32.
+template <typename Storage>
+__device__ inline void widen(const uint4 (&raw)[kWords<Storage>], float (&x)[kChunk]) {
 #pragma unroll
-    for (int e = 0; e < kChunk; ++e) x[e] = to_float(v[e]);
+    for (int e = 0; e < kChunk; ++e) x[e] = feature<Storage>(raw, e);
 }
 
 // kChunk results rounded to Storage and written at @p at (16-byte aligned): 16-byte stores.
 template <typename Storage>
 __device__ inline void store_chunk(Storage* at, const float (&x)[kChunk]) {
-    constexpr int kWords = kChunk * int(sizeof(Storage)) / 16;
     Storage v[kChunk];
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) v[e] = from_float<Storage>(x[e]);
-    uint4 raw[kWords];
+    uint4 raw[kWords<Storage>];
     memcpy(raw, v, sizeof raw);
 #pragma unroll
-    for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(at)[w] = raw[w];
+    for (int w = 0; w < kWords<Storage>; ++w) reinterpret_cast<uint4*>(at)[w] = raw[w];
+}
+
+// Marks @p raw as changed, to the compiler only (an empty asm): what is widened from it later
+// is widened anew, and the float32 copies of earlier widenings need not stay in registers.
+template <typename Storage, int kHeadDim>
+__device__ inline void fresh(RowWords<Storage, kHeadDim>& raw) {
+#pragma unroll
+    for (auto& chunk : raw)
+#pragma unroll
+        for (uint4& word : chunk) asm volatile("" : "+r"(word.x), "+r"(word.y), "+r"(word.z), "+r"(word.w));
 }
 
 // kCount floats of shared memory at @p at (16-byte aligned), four at a time.
@@ -107,22 +133,25 @@ __device__ inline void load_shared(const float* at, float (&x)[kCount]) {
 }
 
 // The quad's head row (starting at @p in, this lane's first feature): this lane's chunks into
-// @p x, and the row's inverse_rms, its sum of squares added in PyTorch's order.
+// @p raw, and the row's inverse_rms, its sum of squares added in PyTorch's order.
 template <typename Storage, int kHeadDim>
 __device__ inline float load_row(const Storage* in, float eps, int quad_lane, unsigned quad_mask,
-                                 float (&x)[kHeadDim / kQuadFeatures][kChunk]) {
+                                 RowWords<Storage, kHeadDim>& raw) {
     constexpr int kChunks = kHeadDim / kQuadFeatures;  // Chunk m of lane j: features 32m + 8j, ...
     // With head_dim a multiple of 32 there are no leftover vectors and no tail: every feature
     // is in one of the four accumulators (torch_partial_sum, torch_tail_sum).
     static_assert(kHeadDim % kQuadFeatures == 0);
 #pragma unroll
-    for (int m = 0; m < kChunks; ++m) load_chunk(in + m * kQuadFeatures, x[m]);
-    // Accumulator j = quad_lane, PyTorch lane l: round m adds feature 32m + 8j + l, i.e. x[m][l]
-    // (torch_partial_sum of vector j, whose vector 4m + j is this lane's chunk m).
+    for (int m = 0; m < kChunks; ++m) load_chunk<Storage>(in + m * kQuadFeatures, raw[m]);
+    // Accumulator j = quad_lane, PyTorch lane l: round m adds feature 32m + 8j + l, element l of
+    // chunk m (torch_partial_sum of vector j, whose vector 4m + j is this lane's chunk m).
     float lane_sum[kChunk];
 #pragma unroll
     for (int l = 0; l < kChunk; ++l)
-        lane_sum[l] = detail::cascade_sum(kChunks, [&](int64_t m) { return detail::mul_rn(x[m][l], x[m][l]); });
+        lane_sum[l] = detail::cascade_sum(kChunks, [&](int64_t m) {
+            const float x = feature<Storage>(raw[m], l);
+            return detail::mul_rn(x, x);
+        });
     // The accumulators added in order: lane j adds its own to lanes 0..j-1's running sum.
 #pragma unroll
     for (int vector = 1; vector < kQuad; ++vector)
@@ -137,59 +166,60 @@ __device__ inline float load_row(const Storage* in, float eps, int quad_lane, un
     return detail::inverse_rms(__shfl_sync(quad_mask, total, kQuad - 1, kQuad), kHeadDim, eps);
 }
 
-// This lane's chunks @p x of a head row normalised with @p inverse, scaled by @p scale
+// This lane's chunks @p raw of a head row normalised with @p inverse, scaled by @p scale
 // (norm_scale of each feature's weight), rotated by the token's @p cos_of and @p sin_of, and
-// written from @p out (this lane's first feature).
-template <typename Storage, int kHeadDim, QkNormRounding kRounding>
-__device__ inline void normalize_rotate_store(const QkNormStep& norm, float (&x)[kHeadDim / kQuadFeatures][kChunk],
+// written from @p out (this lane's first feature), each chunk (or half-split pair of chunks) as
+// soon as it is done, which keeps few values in registers at a time.
+template <typename Storage, int kHeadDim, QkNormRounding kRounding, Style kStyle>
+__device__ inline void normalize_rotate_store(const QkNormStep& norm, const RowWords<Storage, kHeadDim>& raw,
                                               float inverse, const float* scale, const float* cos_of,
                                               const float* sin_of, int first, Storage* out) {
     constexpr int kChunks = kHeadDim / kQuadFeatures;
     const auto normalized = [&](float value, float feature_scale) {
         return detail::scaled_feature<Storage>(value, inverse, feature_scale, kRounding);
     };
-    if (norm.style == Style::half_split) {
+    if constexpr (kStyle == Style::half_split) {
         // Whole-head rotation (the host checks it): pair i = 32m + 8j + e of chunk m < kChunks / 2
         // pairs with feature i + head_dim / 2, the same element of chunk m + kChunks / 2.
         constexpr int kHalf = kChunks / 2;
 #pragma unroll
         for (int m = 0; m < kHalf; ++m) {
-            float cos_angle[kChunk], sin_angle[kChunk], scale_x[kChunk], scale_y[kChunk];
+            float x[kChunk], y[kChunk], cos_angle[kChunk], sin_angle[kChunk], scale_x[kChunk], scale_y[kChunk];
+            widen<Storage>(raw[m], x);
+            widen<Storage>(raw[m + kHalf], y);
             load_shared(cos_of + m * kQuadFeatures + first, cos_angle);
             load_shared(sin_of + m * kQuadFeatures + first, sin_angle);
             load_shared(scale + m * kQuadFeatures + first, scale_x);
             load_shared(scale + (m + kHalf) * kQuadFeatures + first, scale_y);
 #pragma unroll
             for (int e = 0; e < kChunk; ++e) {
-                float x_value = normalized(x[m][e], scale_x[e]), y_value = normalized(x[m + kHalf][e], scale_y[e]);
-                detail::rotate_normalized<Storage>(x_value, y_value, cos_angle[e], sin_angle[e], kRounding);
-                x[m][e] = x_value;
-                x[m + kHalf][e] = y_value;
+                x[e] = normalized(x[e], scale_x[e]);
+                y[e] = normalized(y[e], scale_y[e]);
+                detail::rotate_normalized<Storage>(x[e], y[e], cos_angle[e], sin_angle[e], kRounding);
             }
+            store_chunk(out + m * kQuadFeatures, x);
+            store_chunk(out + (m + kHalf) * kQuadFeatures, y);
         }
     } else {
         // Interleaved: pair i = (32m + 8j + e) / 2 is features 2i, 2i + 1 of chunk m (e even);
         // features from rotary_dim on pass through normalised.
 #pragma unroll
         for (int m = 0; m < kChunks; ++m) {
-            float cos_angle[kChunk / 2], sin_angle[kChunk / 2], feature_scale[kChunk];
+            float x[kChunk], cos_angle[kChunk / 2], sin_angle[kChunk / 2], feature_scale[kChunk];
+            widen<Storage>(raw[m], x);
             load_shared(cos_of + (m * kQuadFeatures + first) / 2, cos_angle);
             load_shared(sin_of + (m * kQuadFeatures + first) / 2, sin_angle);
             load_shared(scale + m * kQuadFeatures + first, feature_scale);
 #pragma unroll
             for (int e = 0; e < kChunk; e += 2) {
-                float x_value = normalized(x[m][e], feature_scale[e]);
-                float y_value = normalized(x[m][e + 1], feature_scale[e + 1]);
+                x[e] = normalized(x[e], feature_scale[e]);
+                x[e + 1] = normalized(x[e + 1], feature_scale[e + 1]);
                 if (m * kQuadFeatures + first + e < norm.rotary_dim)
-                    detail::rotate_normalized<Storage>(x_value, y_value, cos_angle[e / 2], sin_angle[e / 2],
-                                                       kRounding);
-                x[m][e] = x_value;
-                x[m][e + 1] = y_value;
+                    detail::rotate_normalized<Storage>(x[e], x[e + 1], cos_angle[e / 2], sin_angle[e / 2], kRounding);
             }
+            store_chunk(out + m * kQuadFeatures, x);
         }
     }
-#pragma unroll
-    for (int m = 0; m < kChunks; ++m) store_chunk(out + m * kQuadFeatures, x[m]);
 }
 
 // Block work item w is token w / chunks, its groups [chunk * rows, (chunk + 1) * rows) with
@@ -199,8 +229,8 @@ __device__ inline void normalize_rotate_store(const QkNormStep& norm, float (&x)
 // positions' come first, so a decode step waits for memory once, not once per step. The loop
 // bound depends on the block alone, so every thread reaches both barriers; the four lanes of a
 // quad share their row, so each quad's shuffles see all four lanes.
-template <typename Storage, int kHeadDim, QkNormRounding kRounding>
-__global__ void __launch_bounds__(kMaxRowThreads, kRowMinBlocks<Storage, kHeadDim>)
+template <typename Storage, int kHeadDim, QkNormRounding kRounding, Style kStyle>
+__global__ void __maxnreg__((kRowRegisters<Storage, kHeadDim>))
     qk_norm_row_kernel(const __grid_constant__ cuda_detail::QkNormArgsDevice args, int64_t tokens, int64_t rows,
                        int64_t chunks) {
     constexpr int kPairs = kHeadDim / 2;
@@ -226,11 +256,14 @@ __global__ void __launch_bounds__(kMaxRowThreads, kRowMinBlocks<Storage, kHeadDi
         const Operand& tensor = norm.operands[which].tensor;
         TokenPositions positions{};
         if (int(threadIdx.x) < kPairs) positions = token_positions(args.positions, norm.axes, b, s);
-        float x[kHeadDim / kQuadFeatures][kChunk];
+        // The row crosses the barriers as raw words: for bf16 and fp16 half the registers of
+        // float32, which leaves room for rotation_factors' own.
+        RowWords<Storage, kHeadDim> raw;
         float inverse = 0.0f;
         if (active) {
             const auto* in = static_cast<const Storage*>(tensor.in) + tensor.in_geometry.offset(b, h, s, 0) + first;
-            inverse = load_row<Storage, kHeadDim>(in, norm.eps, quad_lane, quad_mask, x);
+            inverse = load_row<Storage, kHeadDim>(in, norm.eps, quad_lane, quad_mask, raw);
+            fresh<Storage, kHeadDim>(raw);
         }
         __syncthreads();  // The previous work item's readers are done with cos_of and sin_of.
         for (int i = int(threadIdx.x); i < kPairs; i += int(blockDim.x)) {
@@ -244,7 +277,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kRowMinBlocks<Storage, kHeadDi
         __syncthreads();
         if (active) {
             auto* out = static_cast<Storage*>(tensor.out) + tensor.out_geometry.offset(b, h, s, 0) + first;
-            normalize_rotate_store<Storage, kHeadDim, kRounding>(norm, x, inverse, scale_of[which], cos_of, sin_of,
+            normalize_rotate_store<Storage, kHeadDim, kRounding, kStyle>(norm, raw, inverse, scale_of[which], cos_of, sin_of,
                                                                  first, out);
         }
     }
@@ -365,23 +398,24 @@ void launch_row_kernel(const QkNormPlan& plan, const cuda_detail::QkNormArgsDevi
     const int64_t blocks = tokens * chunks;
     const cudaLaunchConfig_t config =
         cuda_detail::launch_config(unsigned(std::min<int64_t>(blocks, INT_MAX)), unsigned(threads), stream);
+    const auto launch = [&](auto kernel) {
+        cuda_detail::launch_kernel("qk_norm_row_kernel", config, kernel, args, tokens, rows, chunks);
+    };
+    const bool half = plan.step.style == Style::half_split;
+    using R = QkNormRounding;
     switch (plan.step.rounding) {
-        case QkNormRounding::float32:
-            return cuda_detail::launch_kernel("qk_norm_row_kernel", config,
-                                              qk_norm_row_kernel<Storage, kHeadDim, QkNormRounding::float32>, args,
-                                              tokens, rows, chunks);
-        case QkNormRounding::hf_qwen3:
-            return cuda_detail::launch_kernel("qk_norm_row_kernel", config,
-                                              qk_norm_row_kernel<Storage, kHeadDim, QkNormRounding::hf_qwen3>, args,
-                                              tokens, rows, chunks);
-        case QkNormRounding::hf_gemma3:
-            return cuda_detail::launch_kernel("qk_norm_row_kernel", config,
-                                              qk_norm_row_kernel<Storage, kHeadDim, QkNormRounding::hf_gemma3>, args,
-                                              tokens, rows, chunks);
-        case QkNormRounding::hf_olmo2:
-            return cuda_detail::launch_kernel("qk_norm_row_kernel", config,
-                                              qk_norm_row_kernel<Storage, kHeadDim, QkNormRounding::hf_olmo2>, args,
-                                              tokens, rows, chunks);
+        case R::float32:
+            return half ? launch(qk_norm_row_kernel<Storage, kHeadDim, R::float32, Style::half_split>)
+                        : launch(qk_norm_row_kernel<Storage, kHeadDim, R::float32, Style::interleaved>);
+        case R::hf_qwen3:
+            return half ? launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_qwen3, Style::half_split>)
+                        : launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_qwen3, Style::interleaved>);
+        case R::hf_gemma3:
+            return half ? launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_gemma3, Style::half_split>)
+                        : launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_gemma3, Style::interleaved>);
+        case R::hf_olmo2:
+            return half ? launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_olmo2, Style::half_split>)
+                        : launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_olmo2, Style::interleaved>);
     }
 }
 
