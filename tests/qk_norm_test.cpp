@@ -340,12 +340,15 @@ TEST_CASE_TEMPLATE_DEFINE("qk_norm HF rounding modes: near float64, and the same
 }
 TEST_CASE_TEMPLATE_APPLY(qk_norm_hf, AllBackends);
 
-// cuda-optimized computes a token's cos and sin once per block and shares them across the block's heads
-// (up to eight q and k heads a block; a token with more spreads over several blocks). cuda-naive computes
-// them pair by pair and head by head with the same sincosf, so the two agree bit for bit: here with heads
-// filling five blocks exactly (Qwen3-8B's 32 + 8) and two blocks, the second partly (12 + 3), in every
-// rounding mode of the per-head kinds.
-TEST_CASE("qk_norm: cuda-optimized gives cuda-naive's bits, a token's heads over several blocks") {
+// cuda-optimized computes a token's cos and sin once per block and shares them across the block's heads.
+// cuda-naive computes them pair by pair and head by head with the same sincosf, so the two agree bit for
+// bit. The shapes take each of cuda-optimized's per-head paths, in every rounding mode of the per-head
+// kinds: the quad-per-row kernel with a token's heads in one block (Qwen3-8B's 32 + 8, and 12 + 3 with
+// gaps between rows that keep them 16-byte aligned), over two blocks (128 + 8), interleaved over part
+// of the head, at each head_dim it is compiled for; the generic kernel (head_dim 80, not a multiple of
+// 32; half-split over part of the head; rows not 16-byte aligned), a token's heads over two blocks of
+// eight.
+TEST_CASE("qk_norm: cuda-optimized gives cuda-naive's bits, on each of its per-head paths") {
     auto optimized = testing::backend_or_skip("cuda-optimized");
     auto naive = testing::backend_or_skip("cuda-naive");
     if (!optimized || !naive) return;
@@ -354,14 +357,25 @@ TEST_CASE("qk_norm: cuda-optimized gives cuda-naive's bits, a token's heads over
         {rope::QkNormRounding::float32, rope::QkNormKind::per_head_gemma},
         {rope::QkNormRounding::hf_qwen3, rope::QkNormKind::per_head},
         {rope::QkNormRounding::hf_gemma3, rope::QkNormKind::per_head_gemma}};
+    struct Shape {
+        int64_t head_dim, rotary_dim;  // rotary_dim 0: the whole head
+        rope::Style style;
+        int64_t q_heads, k_heads, pad;  // pad: spare elements after each row (HostTensor::make)
+    };
+    constexpr rope::Style half = rope::Style::half_split, interleaved = rope::Style::interleaved;
+    const Shape shapes[] = {{128, 0, half, 32, 8, 0},        {128, 0, half, 12, 3, 8}, {128, 0, half, 128, 8, 0},
+                            {128, 64, interleaved, 12, 3, 0}, {64, 0, half, 12, 3, 0},  {256, 0, interleaved, 12, 3, 0},
+                            {80, 0, half, 12, 3, 0},          {128, 64, half, 12, 3, 0}, {128, 0, half, 12, 3, 3}};
     for (const rope::DType dtype : dtypes())
-        for (const auto& [q_heads, k_heads] : {std::pair<int64_t, int64_t>{32, 8}, {12, 3}})
+        for (const Shape& shape : shapes)
             for (const auto& [rounding, kind] : modes) {
+                const int64_t q_heads = shape.q_heads, k_heads = shape.k_heads;
                 Case c;
-                c.config = config_of(128, 0, rope::Style::half_split);
+                c.config = config_of(shape.head_dim, shape.rotary_dim, shape.style);
                 c.dtype = dtype;
                 c.q_heads = q_heads;
                 c.k_heads = k_heads;
+                c.pad = shape.pad;
                 c.kind = kind;
                 c.rounding = rounding;
                 c.weight_dtype = dtype;
@@ -369,9 +383,13 @@ TEST_CASE("qk_norm: cuda-optimized gives cuda-naive's bits, a token's heads over
                 // A string first: INFO's lambda cannot capture a structured binding under clang's OpenMP.
                 const std::string what = std::string(rope::dtype_name(dtype)) + " " +
                                          std::string(rope::qk_norm_rounding_name(rounding)) + " " +
-                                         std::to_string(q_heads) + "+" + std::to_string(k_heads) + " heads";
+                                         std::string(rope::style_name(shape.style)) + " " +
+                                         std::to_string(q_heads) + "+" + std::to_string(k_heads) + " heads of " +
+                                         std::to_string(shape.head_dim) + ", rotary_dim " +
+                                         std::to_string(shape.rotary_dim) + ", pad " + std::to_string(shape.pad);
                 INFO(what, ", seed ", testing::seed());
-                const uint64_t state = testing::seed() ^ uint64_t(q_heads) * 131 ^ uint64_t(rounding) * 7;
+                const uint64_t state = testing::seed() ^ uint64_t(q_heads) * 131 ^ uint64_t(shape.head_dim) * 17 ^
+                                       uint64_t(rounding) * 7;
                 testing::rng().seed(state);
                 const Result got = run_case(*optimized, c);
                 testing::rng().seed(state);

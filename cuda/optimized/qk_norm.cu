@@ -16,11 +16,14 @@
 //   every element is read once and written once, 16 bytes at a time, and an in-place call is
 //   safe: a lane writes only the features it read. Half-split pairs (i, i + head_dim/2) fall in
 //   chunks m and m + chunks/2 of the same lane; interleaved pairs (2i, 2i + 1) inside a chunk.
-// - Per row, the address arithmetic is done once (the row's first element); head_dim and the
-//   rounding mode are template parameters, so the per-element arithmetic has no branches. The
-//   weights enter shared memory once per block as their norm_scale (w, or 1 + w for Gemma), and
-//   cos and sin once per token, for all of its heads: the accurate sincosf is the costliest
-//   arithmetic, and every head of a token turns by the same angles.
+// - Per row, the address arithmetic is done once (the row's first element); head_dim, the
+//   rounding mode and the pairing are template parameters, so the per-element arithmetic has
+//   no branches (but interleaved's test for the features past rotary_dim). The weights enter
+//   shared memory once per block as their norm_scale (w, or 1 + w for Gemma), and cos and sin
+//   once per token, for all of its heads: the accurate sincosf is the costliest arithmetic,
+//   and every head of a token turns by the same angles.
+// - A decode step waits for memory once: every global read of a work item (the row, the
+//   positions, the weights) is issued before the first wait for one.
 // One token per block keeps a decode step's few tokens spread over as many blocks as it has.
 //
 // The generic kernels take every other call: one warp per norm group (a head row, or all heads
@@ -108,16 +111,6 @@ __device__ inline void store_chunk(Storage* at, const float (&x)[kChunk]) {
     for (int w = 0; w < kWords<Storage>; ++w) reinterpret_cast<uint4*>(at)[w] = raw[w];
 }
 
-// Marks @p raw as changed, to the compiler only (an empty asm): what is widened from it later
-// is widened anew, and the float32 copies of earlier widenings need not stay in registers.
-template <typename Storage, int kHeadDim>
-__device__ inline void fresh(RowWords<Storage, kHeadDim>& raw) {
-#pragma unroll
-    for (auto& chunk : raw)
-#pragma unroll
-        for (uint4& word : chunk) asm volatile("" : "+r"(word.x), "+r"(word.y), "+r"(word.z), "+r"(word.w));
-}
-
 // kCount floats of shared memory at @p at (16-byte aligned), four at a time.
 template <int kCount>
 __device__ inline void load_shared(const float* at, float (&x)[kCount]) {
@@ -132,17 +125,22 @@ __device__ inline void load_shared(const float* at, float (&x)[kCount]) {
     }
 }
 
-// The quad's head row (starting at @p in, this lane's first feature): this lane's chunks into
-// @p raw, and the row's inverse_rms, its sum of squares added in PyTorch's order.
+// This lane's chunks of a head row (@p in: this lane's first feature) into @p raw: 16-byte loads.
 template <typename Storage, int kHeadDim>
-__device__ inline float load_row(const Storage* in, float eps, int quad_lane, unsigned quad_mask,
-                                 RowWords<Storage, kHeadDim>& raw) {
+__device__ inline void load_row(const Storage* in, RowWords<Storage, kHeadDim>& raw) {
+#pragma unroll
+    for (int m = 0; m < kHeadDim / kQuadFeatures; ++m) load_chunk<Storage>(in + m * kQuadFeatures, raw[m]);
+}
+
+// inverse_rms of the quad's head row (this lane's chunks in @p raw), its sum of squares added in
+// PyTorch's order; the same value in the four lanes.
+template <typename Storage, int kHeadDim>
+__device__ inline float row_inverse_rms(const RowWords<Storage, kHeadDim>& raw, float eps, int quad_lane,
+                                        unsigned quad_mask) {
     constexpr int kChunks = kHeadDim / kQuadFeatures;  // Chunk m of lane j: features 32m + 8j, ...
     // With head_dim a multiple of 32 there are no leftover vectors and no tail: every feature
     // is in one of the four accumulators (torch_partial_sum, torch_tail_sum).
     static_assert(kHeadDim % kQuadFeatures == 0);
-#pragma unroll
-    for (int m = 0; m < kChunks; ++m) load_chunk<Storage>(in + m * kQuadFeatures, raw[m]);
     // Accumulator j = quad_lane, PyTorch lane l: round m adds feature 32m + 8j + l, element l of
     // chunk m (torch_partial_sum of vector j, whose vector 4m + j is this lane's chunk m).
     float lane_sum[kChunk];
@@ -224,26 +222,20 @@ __device__ inline void normalize_rotate_store(const QkNormStep& norm, const RowW
 
 // Block work item w is token w / chunks, its groups [chunk * rows, (chunk + 1) * rows) with
 // chunk = w % chunks (q's heads, then k's); quad r of the block takes the chunk's group r, or
-// none. Each work item: the quads load their rows and sums, then (barrier) the token's cos and
-// sin are computed, then (barrier) the rows are finished. The loads, the weights' and the
-// positions' come first, so a decode step waits for memory once, not once per step. The loop
-// bound depends on the block alone, so every thread reaches both barriers; the four lanes of a
-// quad share their row, so each quad's shuffles see all four lanes.
+// none. Each work item: the quads load their rows (and, in a block's first item, its threads
+// the weights) and add their sums, then (barrier) the token's cos and sin are computed, then
+// (barrier) the rows are finished. Every global read is issued before the first wait for one,
+// so a decode step waits for memory once. The loop bound depends on the block alone, so every
+// thread reaches both barriers; the four lanes of a quad share their row, so each quad's
+// shuffles see all four lanes.
 template <typename Storage, int kHeadDim, QkNormRounding kRounding, Style kStyle>
 __global__ void __maxnreg__((kRowRegisters<Storage, kHeadDim>))
     qk_norm_row_kernel(const __grid_constant__ cuda_detail::QkNormArgsDevice args, int64_t tokens, int64_t rows,
                        int64_t chunks) {
     constexpr int kPairs = kHeadDim / 2;
-    __shared__ alignas(16) float scale_of[2][kHeadDim];
+    __shared__ alignas(16) float scale_of[2][kHeadDim];  // norm_scale of q's and k's weights
     __shared__ alignas(16) float cos_of[kPairs], sin_of[kPairs];
     const QkNormStep& norm = args.step;
-    for (int i = int(threadIdx.x); i < 2 * kHeadDim; i += int(blockDim.x)) {  // read after the first barrier
-        const NormOperand& operand = norm.operands[i / kHeadDim];
-        scale_of[i / kHeadDim][i % kHeadDim] =
-            operand.tensor.in_geometry.heads > 0
-                ? detail::norm_scale(detail::weight_at(operand.weight, operand.weight_dtype, i % kHeadDim), norm.kind)
-                : 0.0f;
-    }
     const int quad_lane = int(threadIdx.x) % kQuad, first = kChunk * quad_lane;  // this lane's first feature
     const unsigned quad_mask = 0xfu << (int(threadIdx.x) % kWarp / kQuad * kQuad);
     const int64_t q_groups = args.groups[0], groups = args.groups[0] + args.groups[1];
@@ -256,15 +248,21 @@ __global__ void __maxnreg__((kRowRegisters<Storage, kHeadDim>))
         const Operand& tensor = norm.operands[which].tensor;
         TokenPositions positions{};
         if (int(threadIdx.x) < kPairs) positions = token_positions(args.positions, norm.axes, b, s);
-        // The row crosses the barriers as raw words: for bf16 and fp16 half the registers of
-        // float32, which leaves room for rotation_factors' own.
-        RowWords<Storage, kHeadDim> raw;
-        float inverse = 0.0f;
-        if (active) {
-            const auto* in = static_cast<const Storage*>(tensor.in) + tensor.in_geometry.offset(b, h, s, 0) + first;
-            inverse = load_row<Storage, kHeadDim>(in, norm.eps, quad_lane, quad_mask, raw);
-            fresh<Storage, kHeadDim>(raw);
+        RowWords<Storage, kHeadDim> raw;  // The row waits in registers as loaded (bf16: half of float32's).
+        if (active)
+            load_row<Storage, kHeadDim>(
+                static_cast<const Storage*>(tensor.in) + tensor.in_geometry.offset(b, h, s, 0) + first, raw);
+        if (work == blockIdx.x) {  // Read after the barriers below; never written again.
+            for (int i = int(threadIdx.x); i < 2 * kHeadDim; i += int(blockDim.x)) {
+                const NormOperand& operand = norm.operands[i / kHeadDim];
+                const float weight = operand.tensor.in_geometry.heads > 0
+                                         ? detail::weight_at(operand.weight, operand.weight_dtype, i % kHeadDim)
+                                         : 0.0f;
+                scale_of[i / kHeadDim][i % kHeadDim] = detail::norm_scale(weight, norm.kind);
+            }
         }
+        const float inverse =
+            active ? row_inverse_rms<Storage, kHeadDim>(raw, norm.eps, quad_lane, quad_mask) : 0.0f;
         __syncthreads();  // The previous work item's readers are done with cos_of and sin_of.
         for (int i = int(threadIdx.x); i < kPairs; i += int(blockDim.x)) {
             if (i < norm.pairs) {
@@ -276,9 +274,9 @@ __global__ void __maxnreg__((kRowRegisters<Storage, kHeadDim>))
         }
         __syncthreads();
         if (active) {
-            auto* out = static_cast<Storage*>(tensor.out) + tensor.out_geometry.offset(b, h, s, 0) + first;
-            normalize_rotate_store<Storage, kHeadDim, kRounding, kStyle>(norm, raw, inverse, scale_of[which], cos_of, sin_of,
-                                                                 first, out);
+            normalize_rotate_store<Storage, kHeadDim, kRounding, kStyle>(
+                norm, raw, inverse, scale_of[which], cos_of, sin_of, first,
+                static_cast<Storage*>(tensor.out) + tensor.out_geometry.offset(b, h, s, 0) + first);
         }
     }
 }
