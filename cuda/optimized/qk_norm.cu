@@ -36,11 +36,10 @@
 //   group (half-split: features i and i + rotary_dim/2, consecutive across the warp;
 //   interleaved: 2i and 2i + 1), and writes the pair it read, so an in-place call needs no
 //   further synchronisation.
-// - cos and sin (per-head kinds): a block holds the groups of one token (up to kTokenWarps
-//   of its q and k heads, a token's heads split over several blocks where it has more), and
-//   its threads compute the token's cos and sin once, into shared memory, for all of those
-//   heads. across_heads (one group per token, every head of it in one warp) computes them per
-//   pair and head.
+// - cos and sin: once per token, into shared memory, for all of its heads. Per-head kinds: a
+//   block holds the groups of one token (up to kTokenWarps of its q and k heads, a token's
+//   heads split over several blocks where it has more), and its threads compute them.
+//   across_heads (one group per token, every head of it in one warp): the warp's lanes do.
 // Both kernels take the values rotation_factors gives each pair and the shared row steps
 // (scaled_feature, rotate_normalized), so their results are the same bits.
 #include <algorithm>
@@ -305,26 +304,35 @@ __device__ float warp_group_inverse_rms(const QkNormStep& norm, const NormOperan
     return detail::inverse_rms(total, n, norm.eps);
 }
 
-// across_heads: warp w of the grid takes group w (grid-stride), every head of it.
+// across_heads: warp w of the grid takes group w (grid-stride), every head of it. Lane l
+// computes cos and sin of its pairs l, l + 32, ... once per token, into its warp's slice of
+// shared memory, and reads them back for each head: a lane reads only what it wrote, so no
+// synchronisation is needed.
+constexpr int kGroupWarps = 4;  // Warps (groups) per block of qk_norm_warp_kernel.
 template <typename Storage>
 __global__ void qk_norm_warp_kernel(const __grid_constant__ cuda_detail::QkNormArgsDevice args) {
-    const int lane = int(threadIdx.x) % kWarp;
-    const int64_t warps_per_block = blockDim.x / kWarp;
-    const int64_t step = int64_t(gridDim.x) * warps_per_block;
+    __shared__ float cos_of[kGroupWarps][cuda_detail::kMaxPairs], sin_of[kGroupWarps][cuda_detail::kMaxPairs];
+    const int lane = int(threadIdx.x) % kWarp, warp = int(threadIdx.x) / kWarp;
+    const int64_t step = int64_t(gridDim.x) * kGroupWarps;
+    const QkNormStep& norm = args.step;
     // item is the same in every lane of a warp: the shuffles see all 32 lanes.
-    for (int64_t item = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / kWarp; item < args.total_items;
-         item += step) {
+    for (int64_t item = int64_t(blockIdx.x) * kGroupWarps + warp; item < args.total_items; item += step) {
         const cuda_detail::QkNormItem at = cuda_detail::qk_norm_item(args, item);
-        const QkNormStep& norm = args.step;
         const NormOperand& operand = norm.operands[at.which];
         const bool across = norm.kind == QkNormKind::across_heads;
         const int64_t first_head = across ? 0 : at.group;
         const float inverse = warp_group_inverse_rms<Storage>(norm, operand, at.b, first_head, at.s, lane);
         const TokenPositions positions = token_positions(args.positions, norm.axes, at.b, at.s);
+        for (int64_t i = lane; i < norm.pairs; i += kWarp)
+            rotation_factors(args.angles, positions.of_pair(args.angles, norm.axes, i), i, cos_of[warp][i],
+                             sin_of[warp][i]);
+        const auto factors = [&](int64_t i, float& cos_angle, float& sin_angle) {
+            cos_angle = cos_of[warp][i];
+            sin_angle = sin_of[warp][i];
+        };
         const int64_t last_head = across ? operand.tensor.in_geometry.heads : at.group + 1;
         for (int64_t h = first_head; h < last_head; ++h)
-            detail::normalize_rotate_head<Storage>(norm, args.angles, positions, operand, at.b, h, at.s, inverse, lane,
-                                                   kWarp);
+            detail::normalize_rotate_head_with<Storage>(norm, factors, operand, at.b, h, at.s, inverse, lane, kWarp);
     }
 }
 
@@ -440,13 +448,11 @@ void detail::run_qk_norm_cuda_optimized(const QkNormPlan& plan) {
                                                stream),
                     qk_norm_token_kernel<Storage>, args, tokens, chunks);
             } else if (args.total_items > 0) {
-                constexpr int threads = 128;  // four warps, four groups per block
-                const int64_t warps_per_block = threads / kWarp;
-                const int64_t blocks = (args.total_items + warps_per_block - 1) / warps_per_block;
-                cuda_detail::launch_kernel(
-                    "qk_norm_warp_kernel",
-                    cuda_detail::launch_config(unsigned(blocks < INT_MAX ? blocks : INT_MAX), threads, stream),
-                    qk_norm_warp_kernel<Storage>, args);
+                const int64_t blocks = (args.total_items + kGroupWarps - 1) / kGroupWarps;
+                cuda_detail::launch_kernel("qk_norm_warp_kernel",
+                                           cuda_detail::launch_config(unsigned(blocks < INT_MAX ? blocks : INT_MAX),
+                                                                      kGroupWarps * kWarp, stream),
+                                           qk_norm_warp_kernel<Storage>, args);
             }
         }
         cuda_detail::copy_v<Storage>(plan);
