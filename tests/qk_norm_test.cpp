@@ -344,7 +344,7 @@ TEST_CASE_TEMPLATE_APPLY(qk_norm_hf, AllBackends);
 // cuda-naive computes them pair by pair and head by head with the same sincosf, so the two agree bit for
 // bit. The shapes take each of cuda-optimized's per-head paths, in every rounding mode of the per-head
 // kinds: the quad-per-row kernel with a token's heads in one block (Qwen3-8B's 32 + 8, and 12 + 3 with
-// gaps between rows that keep them 16-byte aligned), over two blocks (128 + 8), interleaved over part
+// gaps between rows that keep them 16-byte aligned), over several blocks (128 + 8), interleaved over part
 // of the head, at each head_dim it is compiled for; the generic kernel (head_dim 80, not a multiple of
 // 32; half-split over part of the head; rows not 16-byte aligned), a token's heads over two blocks of
 // eight.

@@ -62,12 +62,12 @@ static_assert(detail::kTorchLanes * detail::kTorchVectors == kWarp, "a lane per 
 constexpr int kQuad = detail::kTorchVectors;  // Lanes per head row: one per vector accumulator.
 constexpr int kChunk = detail::kTorchLanes;   // Features a lane loads at once: one PyTorch vector.
 constexpr int kQuadFeatures = kQuad * kChunk;  // Features the quad covers per step (32).
-constexpr int kMaxRowThreads = 512;           // Threads per block at most (more rows: more blocks).
-// Registers a thread of qk_norm_row_kernel may use: fewer where a lane's share of a row is at
-// most 64 bytes, so that more blocks fit on an SM and more loads are in flight; at most 128, so
-// that a block of kMaxRowThreads always fits.
+constexpr int kMaxRowThreads = 256;           // Threads per block at most (more rows: more blocks).
+// Blocks of kMaxRowThreads that an SM's registers must hold at once (__launch_bounds__): three
+// (80 registers a thread) where a lane's share of a row is at most 64 bytes, so that more
+// blocks fit on an SM and more loads are in flight; else two (128 registers).
 template <typename Storage, int kHeadDim>
-constexpr int kRowRegisters = kHeadDim * int(sizeof(Storage)) <= 256 ? 80 : 128;
+constexpr int kRowMinBlocks = kHeadDim * int(sizeof(Storage)) <= 256 ? 3 : 2;
 
 // A chunk as raw 16-byte words: one (bf16, fp16) or two (fp32).
 template <typename Storage>
@@ -228,7 +228,7 @@ __device__ inline void normalize_rotate_store(const QkNormStep& norm, const RowW
 // thread reaches both barriers; the four lanes of a quad share their row, so each quad's
 // shuffles see all four lanes.
 template <typename Storage, int kHeadDim, QkNormRounding kRounding, Style kStyle>
-__global__ void __maxnreg__((kRowRegisters<Storage, kHeadDim>))
+__global__ void __launch_bounds__(kMaxRowThreads, kRowMinBlocks<Storage, kHeadDim>)
     qk_norm_row_kernel(const __grid_constant__ cuda_detail::QkNormArgsDevice args, int64_t tokens, int64_t rows,
                        int64_t chunks) {
     constexpr int kPairs = kHeadDim / 2;
