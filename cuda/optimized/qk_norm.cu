@@ -54,7 +54,7 @@ namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarp = 32;
-constexpr int kTokenWarps = 8;  // Groups (warps) per block of the per-head kernel.
+constexpr int kTokenWarps = 8;  // Groups (warps) per block of qk_norm_token_kernel.
 static_assert(detail::kTorchLanes * detail::kTorchVectors == kWarp, "a lane per partial sum");
 
 // ---- qk_norm_row_kernel ----
