@@ -238,6 +238,7 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
             const int64_t first_feature = chunk * kWidth;
             const int64_t second_feature = args.rotary_dim / 2 + chunk * kWidth;
             Vector16<Storage> batch[kAppendRows][2];
+            float scale[kAppendRows];  // k rows' FP8 scales, loaded with the rows: no second round trip.
             float cos_angle[kWidth], sin_angle[kWidth];
             load_with_factors<Path, kDefaultAngleOnly>(
                 args, 0, token, chunk, previous,
@@ -248,6 +249,8 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                             const Storage* in = row_in<Storage>(args, token, row_of(u));
                             batch[u][0] = load16(in + first_feature);
                             batch[u][1] = load16(in + second_feature);
+                            const int64_t head = row_of(u) - args.q_heads;
+                            scale[u] = head >= 0 ? cache_scale<kFp8>(args.k_cache, head) : 1.0f;
                         }
                     }
                     raw_slot = read_slot(args, token, previous);
@@ -267,9 +270,8 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                 if (row < args.q_heads || target.slot < 0) continue;
                 const int64_t head = row - args.q_heads;
                 const int64_t cache_row = target.k_row + head * args.k_cache.stride_head;
-                const float scale = cache_scale<kFp8>(args.k_cache, head);
-                store_cache_run<kFp8>(args.k_cache, cache_row + first_feature, scale, stored[0], value[0]);
-                store_cache_run<kFp8>(args.k_cache, cache_row + second_feature, scale, stored[1], value[1]);
+                store_cache_run<kFp8>(args.k_cache, cache_row + first_feature, scale[u], stored[0], value[0]);
+                store_cache_run<kFp8>(args.k_cache, cache_row + second_feature, scale[u], stored[1], value[1]);
             }
         } else {  // Partial rotary: a run of pass-through features, copied to the output and the cache.
             const int64_t feature = args.rotary_dim + (chunk - args.rotary_chunks) * kWidth;
@@ -304,9 +306,11 @@ __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t to
     for (int64_t first = threadIdx.x; first < args.v_runs; first += runs_per_pass) {
         previous.wait();
         Vector16<Storage> data[kAppendRows][2];
+        float scale[kAppendRows];  // Loaded with the rows, as in rotate_slice.
 #pragma unroll
         for (int u = 0; u < kAppendRows; ++u) {
             if (u >= count) continue;
+            scale[u] = cache_scale<kFp8>(args.v_cache, head_of(u));
             const Storage* in = static_cast<const Storage*>(args.v) + args.v_geometry.offset(0, head_of(u), token, 0);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -321,11 +325,11 @@ __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t to
             if (u >= count) continue;
             const int64_t head = head_of(u);
             const int64_t cache_row = target.v_row + head * args.v_cache.stride_head;
-            const float scale = cache_scale<kFp8>(args.v_cache, head);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int64_t run = first + r * int64_t(blockDim.x);
-                if (run < args.v_runs) store_cache_copy<kFp8>(args.v_cache, cache_row + run * kWidth, scale, data[u][r]);
+                if (run < args.v_runs)
+                    store_cache_copy<kFp8>(args.v_cache, cache_row + run * kWidth, scale[u], data[u][r]);
             }
         }
     }
