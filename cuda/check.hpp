@@ -10,6 +10,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <utility>
 
 #include "rope/cuda_check.hpp"
@@ -24,6 +27,18 @@ inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, cudaStream_t stre
     config.stream = stream;
     config.dynamicSmemBytes = shared_bytes;
     return config;
+}
+
+/// @brief The configuration of a grid-stride launch over @p items work items: @p threads
+/// a block and one thread an item, the blocks clamped to INT_MAX.
+/// @pre items > 0
+///
+/// A grid holds at most 2^31 - 1 blocks in x; past that the kernel's grid-stride loop
+/// (`item += gridDim.x * blockDim.x`) covers the rest, so the clamp loses no item.
+inline cudaLaunchConfig_t grid_stride_config(int64_t items, int threads, cudaStream_t stream) {
+    const int64_t blocks = (items + threads - 1) / threads;
+    return launch_config(dim3(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX))), dim3(unsigned(threads)),
+                         stream);
 }
 
 /// @brief Launches @p kernel as `kernel<<<grid, block, 0, stream>>>(args...)` would, and

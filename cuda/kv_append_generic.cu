@@ -11,7 +11,6 @@
 // offset is int64: a cache of more than 2^31 elements is an ordinary size. A
 // slot outside [0, pages * page_size) writes nothing (padding, or a device slot
 // validation could not read).
-#include <climits>
 #include <cstdint>
 
 #include "check.hpp"
@@ -124,13 +123,10 @@ void launch_kv_append_generic(const KvAppendPlan& plan) {
     args.k_cache = plan.k_cache;
     args.v_cache = plan.v_cache;
     if (args.total == 0) return;
-    constexpr int threads = 256;
-    const int64_t blocks = (args.total + threads - 1) / threads;
-    const unsigned grid = static_cast<unsigned>(blocks < INT_MAX ? blocks : INT_MAX);  // The loop covers the rest.
+    const cudaLaunchConfig_t config = grid_stride_config(args.total, 256, stream_of(rope));
     dispatch_dtype(rope.dtype, [&](auto storage) {
         using Storage = decltype(storage);
-        launch_kernel("kv_append_generic_kernel", launch_config(grid, threads, stream_of(rope)),
-                      kv_append_generic_kernel<Storage>, args);
+        launch_kernel("kv_append_generic_kernel", config, kv_append_generic_kernel<Storage>, args);
     });
 }
 

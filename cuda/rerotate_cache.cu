@@ -8,7 +8,6 @@
 // the pairs lie in the rotary window, from rotary_offset on.
 // A slot outside that range (padding, or a device slot validation could not read)
 // writes nothing. Every offset is int64.
-#include <climits>
 #include <cstdint>
 
 #include "check.hpp"
@@ -79,13 +78,10 @@ void launch_rerotate_cache(const KvAppendPlan& plan) {
     args.slot_limit = plan.slot_limit;
     args.cache = plan.k_cache;
     if (args.total == 0) return;
-    constexpr int threads = 256;
-    const int64_t blocks = (args.total + threads - 1) / threads;
-    const unsigned grid = static_cast<unsigned>(blocks < INT_MAX ? blocks : INT_MAX);  // The loop covers the rest.
+    const cudaLaunchConfig_t config = grid_stride_config(args.total, 256, stream_of(rope));
     dispatch_dtype(rope.dtype, [&](auto storage) {
         using Storage = decltype(storage);
-        launch_kernel("rerotate_cache_kernel", launch_config(grid, threads, stream_of(rope)),
-                      rerotate_cache_kernel<Storage>, args);
+        launch_kernel("rerotate_cache_kernel", config, rerotate_cache_kernel<Storage>, args);
     });
 }
 

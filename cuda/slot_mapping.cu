@@ -4,7 +4,6 @@
 // refuse the metadata, since a kernel cannot report which entry was bad and the
 // arrays cannot be read before the launch without a copy and a wait. The rules
 // read every entry inside its array, whatever the arrays hold.
-#include <climits>
 #include <initializer_list>
 
 #include "check.hpp"
@@ -56,12 +55,9 @@ void check_arrays(std::initializer_list<Used> arrays) {
 
 template <typename From, typename Rule>
 void launch(const char* name, const From& from, const SlotMappingOutput& to, Rule rule) {
-    constexpr int threads = 256;
-    const int64_t blocks = (to.tokens + threads - 1) / threads;
-    const unsigned grid = static_cast<unsigned>(blocks < INT_MAX ? blocks : INT_MAX);  // The loop covers the rest.
-    cuda_detail::launch_kernel(
-        name, cuda_detail::launch_config(grid, threads, static_cast<cudaStream_t>(to.stream)),
-        slot_mapping_kernel<From, Rule>, from, to, rule);
+    cuda_detail::launch_kernel(name,
+                               cuda_detail::grid_stride_config(to.tokens, 256, static_cast<cudaStream_t>(to.stream)),
+                               slot_mapping_kernel<From, Rule>, from, to, rule);
 }
 
 }  // namespace

@@ -102,6 +102,13 @@ public:
         for (auto& copy : copies_) copy.buffer.copy_to_host(copy.host);
     }
     rope::Device device() const { return device_ ? rope::Device::cuda : rope::Device::host; }
+    // A weight's view, pointing at its (staged) storage.
+    rope::NormWeight put(const Weight& weight) {
+        rope::NormWeight view = weight.view;
+        view.data = put(weight.storage.data(), weight.storage.size() * 2);
+        view.device = device();
+        return view;
+    }
 
 private:
     struct Copy {
@@ -139,13 +146,9 @@ struct Result {
 
 Result run_case(rope::Backend& backend, const Case& c) {
     auto& rng = testing::rng();
-    HostTensor q = HostTensor::make(c.dtype, c.layout, shape_of(c, c.q_heads), c.pad);
-    HostTensor k = HostTensor::make(c.dtype, c.layout, shape_of(c, c.k_heads), c.pad);
-    q.fill_random();
-    k.fill_random();
-    HostTensor q_out = q, k_out = k;
-    q_out.poison();
-    k_out.poison();
+    testing::Call call =
+        testing::make_call(c.config, c.dtype, c.layout, shape_of(c, c.q_heads), shape_of(c, c.k_heads), c.pad);
+    HostTensor &q = call.q, &k = call.k, &q_out = call.q_out, &k_out = call.k_out;
     const bool gemma = c.kind == rope::QkNormKind::per_head_gemma, across = c.kind == rope::QkNormKind::across_heads;
     const Weight qw = make_weight(across ? c.q_heads * c.config.head_dim : c.config.head_dim, c.weight_dtype, gemma, rng);
     const Weight kw = make_weight(across ? c.k_heads * c.config.head_dim : c.config.head_dim, c.weight_dtype, gemma, rng);
@@ -166,11 +169,8 @@ Result run_case(rope::Backend& backend, const Case& c) {
     args.k = stage.put(k);
     args.q_out = c.in_place ? args.q : stage.put(q_out);
     args.k_out = c.in_place ? args.k : stage.put(k_out);
-    args.q_weight = qw.view;
-    args.k_weight = kw.view;
-    args.q_weight.data = stage.put(qw.storage.data(), qw.storage.size() * 2);
-    args.k_weight.data = stage.put(kw.storage.data(), kw.storage.size() * 2);
-    args.q_weight.device = args.k_weight.device = stage.device();
+    args.q_weight = stage.put(qw);
+    args.k_weight = stage.put(kw);
     args.kind = c.kind;
     args.rounding = c.rounding;
     args.eps = 1e-6;
@@ -189,6 +189,13 @@ Result run_case(rope::Backend& backend, const Case& c) {
     result.q = (c.in_place ? q : q_out).values();
     result.k = (c.in_place ? k : k_out).values();
     return result;
+}
+
+// run_case with the generator reseeded to `state` first: two backends run from the same state see
+// the same inputs and weights (the same draws).
+Result run_seeded(rope::Backend& backend, const Case& c, uint64_t state) {
+    testing::rng().seed(state);
+    return run_case(backend, c);
 }
 
 // Every element within one ulp of the float64 result rounded to storage (bf16, fp16),
@@ -224,6 +231,18 @@ rope::RopeConfig config_of(int64_t head_dim, int64_t rotary_dim, rope::Style sty
     config.rotary_dim = rotary_dim;
     config.style = style;
     return config;
+}
+
+// A head_dim 128 call in a rounding mode, the weights in the model's dtype.
+Case rounding_case(rope::DType dtype, rope::QkNormRounding rounding, rope::QkNormKind kind, bool in_place) {
+    Case c;
+    c.config = config_of(128, 0, rope::Style::half_split);
+    c.dtype = dtype;
+    c.kind = kind;
+    c.rounding = rounding;
+    c.weight_dtype = dtype;
+    c.in_place = in_place;
+    return c;
 }
 
 }  // namespace
@@ -295,21 +314,13 @@ TEST_CASE_TEMPLATE_DEFINE("qk_norm HF rounding modes: near float64, and the same
         {rope::QkNormRounding::hf_olmo2, rope::QkNormKind::across_heads}};
     for (const rope::DType dtype : dtypes())
         for (const auto& [rounding, kind] : modes) {
-            Case c;
-            c.config = config_of(128, 0, rope::Style::half_split);
-            c.dtype = dtype;
-            c.kind = kind;
-            c.rounding = rounding;
-            c.weight_dtype = dtype;
-            c.in_place = rounding == rope::QkNormRounding::hf_olmo2;
+            const Case c = rounding_case(dtype, rounding, kind, rounding == rope::QkNormRounding::hf_olmo2);
             const std::string what = std::string(rope::dtype_name(dtype)) + " " +
                                      std::string(rope::qk_norm_rounding_name(rounding));
             INFO(what, " seed ", testing::seed());
             const uint64_t state = testing::seed() ^ uint64_t(dtype) * 31 ^ uint64_t(rounding);
-            testing::rng().seed(state);
-            const Result got = run_case(*backend, c);
-            testing::rng().seed(state);
-            const Result reference = run_case(*naive, c);  // the same inputs (same draws)
+            const Result got = run_seeded(*backend, c, state);
+            const Result reference = run_seeded(*naive, c, state);  // the same inputs
             REQUIRE(got.q_want == reference.q_want);
             for (const auto* pair : {&got.q, &got.k}) {
                 const auto& want = pair == &got.q ? got.q_want : got.k_want;
@@ -370,16 +381,11 @@ TEST_CASE("qk_norm: cuda-optimized gives cuda-naive's bits, on each of its per-h
         for (const Shape& shape : shapes)
             for (const auto& [rounding, kind] : modes) {
                 const int64_t q_heads = shape.q_heads, k_heads = shape.k_heads;
-                Case c;
+                Case c = rounding_case(dtype, rounding, kind, rounding == rope::QkNormRounding::hf_qwen3);
                 c.config = config_of(shape.head_dim, shape.rotary_dim, shape.style);
-                c.dtype = dtype;
                 c.q_heads = q_heads;
                 c.k_heads = k_heads;
                 c.pad = shape.pad;
-                c.kind = kind;
-                c.rounding = rounding;
-                c.weight_dtype = dtype;
-                c.in_place = rounding == rope::QkNormRounding::hf_qwen3;
                 // A string first: INFO's lambda cannot capture a structured binding under clang's OpenMP.
                 const std::string what = std::string(rope::dtype_name(dtype)) + " " +
                                          std::string(rope::qk_norm_rounding_name(rounding)) + " " +
@@ -390,10 +396,8 @@ TEST_CASE("qk_norm: cuda-optimized gives cuda-naive's bits, on each of its per-h
                 INFO(what, ", seed ", testing::seed());
                 const uint64_t state = testing::seed() ^ uint64_t(q_heads) * 131 ^ uint64_t(shape.head_dim) * 17 ^
                                        uint64_t(rounding) * 7;
-                testing::rng().seed(state);
-                const Result got = run_case(*optimized, c);
-                testing::rng().seed(state);
-                const Result reference = run_case(*naive, c);  // the same inputs (same draws)
+                const Result got = run_seeded(*optimized, c, state);
+                const Result reference = run_seeded(*naive, c, state);  // the same inputs
                 CHECK(got.q == reference.q);
                 CHECK(got.k == reference.k);
             }
@@ -458,11 +462,8 @@ TEST_CASE_TEMPLATE_DEFINE("qk_norm on a packed qkv buffer: q and k in place, v u
             args.qkv.data = stage.put(p.buffer).data;
             args.qkv.device = stage.device();
             if (copy_v) args.v_out = stage.put(v_out);
-            args.q_weight = qw.view;
-            args.k_weight = kw.view;
-            args.q_weight.data = stage.put(qw.storage.data(), qw.storage.size() * 2);
-            args.k_weight.data = stage.put(kw.storage.data(), kw.storage.size() * 2);
-            args.q_weight.device = args.k_weight.device = stage.device();
+            args.q_weight = stage.put(qw);
+            args.k_weight = stage.put(kw);
             rope::apply_qk_norm(*backend, config, args);
             stage.copy_back();
 
@@ -486,13 +487,9 @@ TEST_CASE("qk_norm bad input: a clear error naming the parameter, nothing writte
     auto backend = rope::make_backend("cpu-naive");
     auto& rng = testing::rng();
     const rope::RopeConfig config = config_of(64, 0, rope::Style::half_split);
-    HostTensor q = HostTensor::make(rope::DType::bf16, rope::Layout::bshd, {1, 4, 4, 64});
-    HostTensor k = HostTensor::make(rope::DType::bf16, rope::Layout::bshd, {1, 4, 2, 64});
-    q.fill_random();
-    k.fill_random();
-    HostTensor q_out = q, k_out = k;
-    q_out.poison();
-    k_out.poison();
+    testing::Call call =
+        testing::make_call(config, rope::DType::bf16, rope::Layout::bshd, {1, 4, 4, 64}, {1, 4, 2, 64});
+    HostTensor &q = call.q, &k = call.k, &q_out = call.q_out, &k_out = call.k_out;
     const HostTensor q_out_before = q_out, k_out_before = k_out;
     const Weight w = make_weight(64, rope::DType::f32, false, rng);
     const Weight w_bf16 = make_weight(64, rope::DType::bf16, false, rng);

@@ -88,6 +88,23 @@ HostTensor rotated(const rope::RopeConfig& config, const HostTensor& raw, const 
     return keys;
 }
 
+// Sets r's keys to `raw` rotated at r.from by `config` (rotated), and a poisoned
+// k_out of raw's geometry: the start of a re-rotation of keys a model left.
+void rotate_keys(Rerotation& r, const rope::RopeConfig& config, const HostTensor& raw) {
+    r.k = rotated(config, raw, r.from);
+    r.k_out = raw;
+    r.k_out.poison();
+}
+
+// Runs `r` on the backend and checks its result against the float64 oracle's
+// re-rotation of its keys as they were before the run.
+void check_oracle(rope::Backend& backend, Rerotation& r, double rel_tol = kOneRotationRel,
+                  double abs_tol = kOneRotationAbs) {
+    const auto want = oracle::rerotate(r.config, r.k.view, r.from.positions(), r.to.positions());
+    run(backend, r);
+    testing::check_close(r.result().values(), want, rel_tol, abs_tol, "k vs oracle");
+}
+
 std::vector<int64_t> random_ids(size_t count, int64_t low, int64_t high) {
     std::uniform_int_distribution<int64_t> id(low, high);
     std::vector<int64_t> ids(count);
@@ -114,9 +131,7 @@ TEST_CASE_TEMPLATE_DEFINE("rerotate matches the float64 oracle in every position
         r.from.offset = 1'000'000;
         r.to.offset = 4;
         r.in_place = true;
-        const auto want = oracle::rerotate(config, r.k.view, r.from.positions(), r.to.positions());
-        run(*backend, r);
-        testing::check_close(r.result().values(), want, kOneRotationRel, kOneRotationAbs, "k vs oracle");
+        check_oracle(*backend, r);
     }
     SUBCASE("per-sequence ids to shared ids, interleaved, partial rotary, bshd padded, out of place") {
         config.rotary_dim = 48;
@@ -125,9 +140,7 @@ TEST_CASE_TEMPLATE_DEFINE("rerotate matches the float64 oracle in every position
         set_ids(r.from, random_ids(2 * 17, 0, 200'000), 2);
         set_ids(r.to, random_ids(17, 0, 200'000), 1);
         const HostTensor input = r.k;
-        const auto want = oracle::rerotate(config, r.k.view, r.from.positions(), r.to.positions());
-        run(*backend, r);
-        testing::check_close(r.result().values(), want, kOneRotationRel, kOneRotationAbs, "k vs oracle");
+        check_oracle(*backend, r);
         CHECK(std::memcmp(r.k.storage.data(), input.storage.data(), input.bytes()) == 0);  // Input untouched.
     }
     SUBCASE("packed sequences with starts to an offset, thd, linear scaling") {
@@ -141,9 +154,7 @@ TEST_CASE_TEMPLATE_DEFINE("rerotate matches the float64 oracle in every position
         r.from.cu_seqlens = {0, 5, 5, 23};
         r.from.starts = {70'000, 3, 12};
         r.to.offset = 9;
-        const auto want = oracle::rerotate(config, r.k.view, r.from.positions(), r.to.positions());
-        run(*backend, r);
-        testing::check_close(r.result().values(), want, kOneRotationRel, kOneRotationAbs, "k vs oracle");
+        check_oracle(*backend, r);
     }
     SUBCASE("M-RoPE ids with distinct temporal, height and width rows") {
         config.rotary_dim = 64;
@@ -151,9 +162,7 @@ TEST_CASE_TEMPLATE_DEFINE("rerotate matches the float64 oracle in every position
         Rerotation r = make_rerotation(config, rope::DType::f32, rope::Layout::bhsd, {1, 2, 21, 64});
         set_ids(r.from, random_ids(3 * 21, 0, 5000), 1, 3);
         set_ids(r.to, random_ids(3 * 21, 0, 5000), 1, 3);
-        const auto want = oracle::rerotate(config, r.k.view, r.from.positions(), r.to.positions());
-        run(*backend, r);
-        testing::check_close(r.result().values(), want, kOneRotationRel, kOneRotationAbs, "k vs oracle");
+        check_oracle(*backend, r);
     }
     SUBCASE("fp16 and bf16 storage: one rotation, then one rounding to the storage type") {
         for (const rope::DType dtype : {rope::DType::f16, rope::DType::bf16}) {
@@ -161,10 +170,8 @@ TEST_CASE_TEMPLATE_DEFINE("rerotate matches the float64 oracle in every position
             Rerotation r = make_rerotation(config, dtype, rope::Layout::bshd, {1, 31, 2, 64});
             r.from.offset = 300'000;
             r.to.offset = 17;
-            const auto want = oracle::rerotate(config, r.k.view, r.from.positions(), r.to.positions());
-            run(*backend, r);
             const testing::Tolerance tolerance = testing::oracle_tolerance(dtype, 1);
-            testing::check_close(r.result().values(), want, tolerance.rel_l2, tolerance.max_abs, "k vs oracle");
+            check_oracle(*backend, r, tolerance.rel_l2, tolerance.max_abs);
         }
     }
 }
@@ -187,9 +194,7 @@ TEST_CASE_TEMPLATE_DEFINE("re-rotating rotated keys equals rotating the raw keys
         r.config = config;
         set_ids(r.from, random_ids(2 * 24, 2900, reach - 1), 2);
         set_ids(r.to, random_ids(24, 0, 50), 1);
-        r.k = rotated(config, raw, r.from);
-        r.k_out = raw;
-        r.k_out.poison();
+        rotate_keys(r, config, raw);
         run(*backend, r);
         // Two roundings to the storage type (the rotated keys, then the re-rotated
         // ones) instead of one: twice the tolerance of one call.
@@ -224,9 +229,7 @@ TEST_CASE_TEMPLATE_DEFINE("re-rotation keeps the attention factor the keys carry
         r.config = config;
         r.from.offset = 1000;  // Both within 4096: longrope's short factors on both sides.
         r.to.offset = 10;
-        r.k = rotated(config, raw, r.from);
-        r.k_out = raw;
-        r.k_out.poison();
+        rotate_keys(r, config, raw);
         run(*backend, r);
         const HostTensor want = rotated(config, raw, r.to);
         testing::check_close(r.result().values(), want.values(), testing::fp32_tolerance(1016),
@@ -294,9 +297,7 @@ TEST_CASE_TEMPLATE_DEFINE("to = 0 inverts: the exact transpose, pass-through bit
         r.in_place = in_place;
         set_ids(r.from, random_ids(2 * 19, 0, 500'000), 2);
         set_ids(r.to, std::vector<int64_t>(19, 0), 1);
-        r.k = rotated(precise, raw, r.from);
-        r.k_out = r.k;
-        r.k_out.poison();
+        rotate_keys(r, precise, raw);
         const HostTensor keys = r.k;
         run(*backend, r);
         // Back to the raw keys, within one rotation of each of the two precise rotations.
@@ -352,9 +353,7 @@ TEST_CASE_TEMPLATE_DEFINE("length-dependent scaling: one frequency table, or a c
         r.config = config;
         r.from.offset = 900;
         r.to.offset = 3;
-        r.k = rotated(config, raw, r.from);
-        r.k_out = raw;
-        r.k_out.poison();
+        rotate_keys(r, config, raw);
         run(*backend, r);
         testing::check_close(r.result().values(), rotated(config, raw, r.to).values(), testing::fp32_tolerance(910),
                              testing::fp32_max_abs(910), "re-rotated vs raw rotated at to");
@@ -364,9 +363,7 @@ TEST_CASE_TEMPLATE_DEFINE("length-dependent scaling: one frequency table, or a c
         r.config = config;
         r.from.offset = 5000;
         set_ids(r.to, std::vector<int64_t>(8, 0), 1);
-        r.k = rotated(config, raw, r.from);
-        r.k_out = raw;
-        r.k_out.poison();
+        rotate_keys(r, config, raw);
         run(*backend, r);
         testing::check_close(r.result().values(), raw.values(), testing::fp32_tolerance(5010),
                              testing::fp32_max_abs(5010), "k back at 0 vs raw k");
@@ -376,9 +373,7 @@ TEST_CASE_TEMPLATE_DEFINE("length-dependent scaling: one frequency table, or a c
         r.config = config;
         r.from.offset = 5000;
         r.to.offset = 3;
-        r.k = rotated(config, raw, r.from);
-        r.k_out = raw;
-        r.k_out.poison();
+        rotate_keys(r, config, raw);
         const Rerotation before = r;
         CHECK_THROWS_WITH_AS(run(*backend, r), doctest::Contains("scaling.type = dynamic"), rope::Error);
         CHECK(r.k_out.storage == before.k_out.storage);

@@ -8,15 +8,20 @@
 // q_out, k_out and both cache rows from registers.
 //
 // Work decomposition. A token has `rows` rotating rows (q's heads, then k's)
-// and k's heads v rows. The rotating rows are cut into `slices`: slice l takes
-// rows l, l + slices, l + 2 slices, ... and the v rows of the same indices. A
-// unit is one (token, slice), numbered token-major, so that the threads of a
-// warp take neighbouring rows of one token, adjacent in [T, H, D] memory (4.).
-// Threads with the same threadIdx.y share a unit; threadIdx.x picks the chunk
-// of a row: first the rotating chunks, two 16-byte runs each (1.,
+// and k_heads v rows. Each kind is cut into slices of at most kAppendRows
+// rows: rotating slice l takes rows l, l + rotating_slices, ..., v slice l
+// the v rows l, l + v_slices, ... A unit is one (token, slice), numbered
+// token-major (rotating slices first), so that the threads of a warp take
+// neighbouring rows of one token, adjacent in [T, H, D] memory (4.). Threads
+// with the same threadIdx.y share a unit; threadIdx.x picks the chunk of a
+// row: first the rotating chunks, two 16-byte runs each (1.,
 // vector_layout.hpp), then the pass-through runs of partial rotary; in the v
-// rows, thread x copies runs x, x + blockDim.x, ... A thread computes the
-// cos/sin of its chunk once and applies them to every row of its slice (2.).
+// rows, thread x copies runs x, x + blockDim.x, ... A thread issues the loads
+// of all its rows before it uses the first (3.), and computes the cos/sin of
+// its chunk once for all of them (2.). When the call cannot fill the GPU a
+// slice is one row: more threads, each with less to do, finish a decode step
+// sooner. The cache's type is a template parameter, so that the model-dtype
+// kernel carries no FP8 code (a small kernel stays in the instruction cache).
 //
 // The rotated k row reaches the k cache from registers: a model-dtype cache
 // receives exactly the bits written to k_out; an FP8 cache receives
@@ -29,6 +34,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "check.hpp"
 #include "device_launch.cuh"
@@ -48,13 +54,13 @@ namespace {
 
 /// Threads per block, as the RoPE kernel's (backend.cu says why small blocks).
 constexpr int kAppendBlockThreads = 128;
-/// Rows whose loads a thread issues before it uses the first (3.).
-constexpr int kAppendRowsInFlight = 4;
-/// Rotating rows per slice when the call cannot fill the GPU: few rows per
-/// thread, so the few kilobytes of a decode step are fetched by many SMs at once.
-constexpr int64_t kLatencyRowsPerSlice = 2;
-/// Rotating rows per slice when it can: more rows share each sincosf.
-constexpr int64_t kBandwidthRowsPerSlice = 8;
+/// Blocks an SM holds at least, which bounds a thread's registers: 96 for the lean kernel
+/// (default angle, model-dtype caches), which keeps more loads in flight at prefill without
+/// spilling; 128 for the others, which would spill at 96.
+template <bool kDefaultAngleOnly, bool kFp8>
+constexpr int kAppendMinBlocks = kDefaultAngleOnly && !kFp8 ? 5 : 4;
+/// Rows a thread takes in one unit, whose loads it issues before it uses the first (3.).
+constexpr int kAppendRows = 4;
 /// Angle-argument capacity for rotary_dim <= 128 (backend.cu's kSmallCapacity, for the same reason).
 constexpr int kSmallAppendCapacity = 64;
 
@@ -76,7 +82,9 @@ struct AppendArgs {
     int64_t rotary_chunks;       ///< Chunks of a row that rotate.
     int64_t chunks;              ///< Rotating chunks plus pass-through runs.
     int64_t v_runs;              ///< 16-byte runs of a v row.
-    int64_t slices;              ///< Units per token.
+    int64_t rotating_slices;     ///< Units per token that rotate (q's and k's rows).
+    int64_t v_slices;            ///< Units per token that copy v's rows.
+    int64_t slices;              ///< rotating_slices + v_slices.
     int64_t units;               ///< tokens * slices.
     FastDivisor by_slices;       ///< unit -> (token, slice).
     FastDivisor by_page_size;    ///< slot -> (page, slot in page).
@@ -120,8 +128,9 @@ __device__ inline Storage* row_out(const AppendArgs<Capacity>& args, int64_t tok
 }
 
 /// The dequantisation scale of head @p head (read only for an FP8 cache).
+template <bool kFp8>
 __device__ inline float cache_scale(const CacheTarget& cache, int64_t head) {
-    return cache.dtype == CacheDType::model ? 1.0f : cache.scale_of(head);
+    return !kFp8 || cache.dtype == CacheDType::model ? 1.0f : cache.scale_of(head);
 }
 
 /// Rotates the pairs of a chunk's two runs in float32; the result stays in
@@ -177,144 +186,169 @@ __device__ inline void store_fp8_run(const CacheTarget& cache, int64_t offset, f
 
 /// Writes a rotated run into a cache: @p stored (the bits of k_out) into a
 /// model-dtype cache, FP8 codes of @p value (float32) into an FP8 one.
-template <typename Storage>
+/// @tparam kFp8 whether the call has an FP8 cache (without, every cache has the model dtype).
+template <bool kFp8, typename Storage>
 __device__ inline void store_cache_run(const CacheTarget& cache, int64_t offset, float scale,
                                        const Vector16<Storage>& stored,
                                        const float (&value)[Vector16<Storage>::kWidth]) {
-    if (cache.dtype == CacheDType::model)
-        store16(static_cast<Storage*>(cache.data) + offset, stored);
-    else
-        store_fp8_run<Vector16<Storage>::kWidth>(cache, offset, scale, value);
+    if constexpr (kFp8) {
+        if (cache.dtype != CacheDType::model) {
+            store_fp8_run<Vector16<Storage>::kWidth>(cache, offset, scale, value);
+            return;
+        }
+    }
+    store16(static_cast<Storage*>(cache.data) + offset, stored);
 }
 
 /// Writes a copied run (v, or pass-through features) into a cache.
-template <typename Storage>
+template <bool kFp8, typename Storage>
 __device__ inline void store_cache_copy(const CacheTarget& cache, int64_t offset, float scale,
                                         const Vector16<Storage>& stored) {
-    if (cache.dtype == CacheDType::model) {
-        store16(static_cast<Storage*>(cache.data) + offset, stored);
-        return;
-    }
-    float value[Vector16<Storage>::kWidth];
+    if constexpr (kFp8) {
+        if (cache.dtype != CacheDType::model) {
+            float value[Vector16<Storage>::kWidth];
 #pragma unroll
-    for (int i = 0; i < Vector16<Storage>::kWidth; ++i) value[i] = to_float(stored.value[i]);
-    store_fp8_run<Vector16<Storage>::kWidth>(cache, offset, scale, value);
+            for (int i = 0; i < Vector16<Storage>::kWidth; ++i) value[i] = to_float(stored.value[i]);
+            store_fp8_run<Vector16<Storage>::kWidth>(cache, offset, scale, value);
+            return;
+        }
+    }
+    store16(static_cast<Storage*>(cache.data) + offset, stored);
 }
 
-/// The kernel: each thread one chunk of the rows of one unit, and its share of the unit's v rows.
-template <typename Storage, Style kStyle, bool kDefaultAngleOnly, int Capacity>
-__global__ void __launch_bounds__(kAppendBlockThreads)
-    rope_kv_append_kernel(const __grid_constant__ AppendArgs<Capacity> args) {
+/// The token's slot, read once per unit after the wait for the previous kernel.
+template <int Capacity>
+__device__ inline int64_t read_slot(const AppendArgs<Capacity>& args, int64_t token, PreviousGrid& previous) {
+    previous.wait();
+    return token < args.slot_count ? args.slots[token] : -1;
+}
+
+/// Rotating slice @p slice of @p token: this thread's chunk of each of its rows into
+/// q_out or k_out, and k's rows into the k cache too.
+template <typename Storage, Style kStyle, bool kDefaultAngleOnly, bool kFp8, int Capacity>
+__device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t token, int64_t slice,
+                                    PreviousGrid& previous) {
     using Path = VectorPath<Storage, kStyle>;  // Which pairs a chunk holds; its cos/sin (prologue.cuh).
     constexpr int kWidth = Path::kWidth;
-    constexpr int kRows = kAppendRowsInFlight;
+    const int64_t count = (args.rows - slice + args.rotating_slices - 1) / args.rotating_slices;  // <= kAppendRows
+    auto row_of = [&](int u) { return slice + u * args.rotating_slices; };
+    for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
+        int64_t raw_slot = -1;
+        if (chunk < args.rotary_chunks) {
+            const int64_t first_feature = chunk * kWidth;
+            const int64_t second_feature = args.rotary_dim / 2 + chunk * kWidth;
+            Vector16<Storage> batch[kAppendRows][2];
+            float scale[kAppendRows];  // k rows' FP8 scales, loaded with the rows: no second round trip.
+            float cos_angle[kWidth], sin_angle[kWidth];
+            load_with_factors<Path, kDefaultAngleOnly>(
+                args, 0, token, chunk, previous,
+                [&] {
+#pragma unroll
+                    for (int u = 0; u < kAppendRows; ++u) {
+                        if (u < count) {
+                            const Storage* in = row_in<Storage>(args, token, row_of(u));
+                            batch[u][0] = load16(in + first_feature);
+                            batch[u][1] = load16(in + second_feature);
+                            const int64_t head = row_of(u) - args.q_heads;
+                            scale[u] = head >= 0 ? cache_scale<kFp8>(args.k_cache, head) : 1.0f;
+                        }
+                    }
+                    raw_slot = read_slot(args, token, previous);
+                },
+                cos_angle, sin_angle);
+            const SlotRows target = slot_rows(args, raw_slot);
+#pragma unroll
+            for (int u = 0; u < kAppendRows; ++u) {
+                if (u >= count) continue;
+                const int64_t row = row_of(u);
+                float value[2][kWidth];
+                rotate_runs<Storage, kStyle>(batch[u], cos_angle, sin_angle, value);
+                const Vector16<Storage> stored[2] = {round_run<Storage>(value[0]), round_run<Storage>(value[1])};
+                Storage* out = row_out<Storage>(args, token, row);
+                store16(out + first_feature, stored[0]);  // q_out, or the live k: always written.
+                store16(out + second_feature, stored[1]);
+                if (row < args.q_heads || target.slot < 0) continue;
+                const int64_t head = row - args.q_heads;
+                const int64_t cache_row = target.k_row + head * args.k_cache.stride_head;
+                store_cache_run<kFp8>(args.k_cache, cache_row + first_feature, scale[u], stored[0], value[0]);
+                store_cache_run<kFp8>(args.k_cache, cache_row + second_feature, scale[u], stored[1], value[1]);
+            }
+        } else {  // Partial rotary: a run of pass-through features, copied to the output and the cache.
+            const int64_t feature = args.rotary_dim + (chunk - args.rotary_chunks) * kWidth;
+            raw_slot = read_slot(args, token, previous);
+            const SlotRows target = slot_rows(args, raw_slot);
+            for (int u = 0; u < count; ++u) {
+                const int64_t row = row_of(u);
+                const bool is_q = row < args.q_heads;
+                const bool copy_out = is_q ? args.q.in != args.q.out : args.k.in != args.k.out;
+                const bool cached = !is_q && target.slot >= 0;
+                if (!copy_out && !cached) continue;
+                const Vector16<Storage> data = load16(row_in<Storage>(args, token, row) + feature);
+                if (copy_out) store16(row_out<Storage>(args, token, row) + feature, data);
+                if (!cached) continue;
+                const int64_t head = row - args.q_heads;
+                store_cache_copy<kFp8>(args.k_cache, target.k_row + head * args.k_cache.stride_head + feature,
+                                       cache_scale<kFp8>(args.k_cache, head), data);
+            }
+        }
+    }
+}
+
+/// V slice @p slice of @p token: this thread's runs of each of its v rows, unrotated, into
+/// the v cache; padding writes nothing. Two runs a row at a time, all rows' loads first.
+template <typename Storage, bool kFp8, int Capacity>
+__device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t token, int64_t slice,
+                                    PreviousGrid& previous) {
+    constexpr int kWidth = Vector16<Storage>::kWidth;
+    const int64_t count = (args.k_heads - slice + args.v_slices - 1) / args.v_slices;  // <= kAppendRows
+    auto head_of = [&](int u) { return slice + u * args.v_slices; };
+    const int64_t runs_per_pass = 2 * int64_t(blockDim.x);
+    for (int64_t first = threadIdx.x; first < args.v_runs; first += runs_per_pass) {
+        previous.wait();
+        Vector16<Storage> data[kAppendRows][2];
+        float scale[kAppendRows];  // Loaded with the rows, as in rotate_slice.
+#pragma unroll
+        for (int u = 0; u < kAppendRows; ++u) {
+            if (u >= count) continue;
+            scale[u] = cache_scale<kFp8>(args.v_cache, head_of(u));
+            const Storage* in = static_cast<const Storage*>(args.v) + args.v_geometry.offset(0, head_of(u), token, 0);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int64_t run = first + r * int64_t(blockDim.x);
+                if (run < args.v_runs) data[u][r] = load16(in + run * kWidth);
+            }
+        }
+        const SlotRows target = slot_rows(args, read_slot(args, token, previous));
+        if (target.slot < 0) return;
+#pragma unroll
+        for (int u = 0; u < kAppendRows; ++u) {
+            if (u >= count) continue;
+            const int64_t head = head_of(u);
+            const int64_t cache_row = target.v_row + head * args.v_cache.stride_head;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int64_t run = first + r * int64_t(blockDim.x);
+                if (run < args.v_runs)
+                    store_cache_copy<kFp8>(args.v_cache, cache_row + run * kWidth, scale[u], data[u][r]);
+            }
+        }
+    }
+}
+
+/// The kernel: each unit a rotating slice or a v slice of one token (the top of the file).
+template <typename Storage, Style kStyle, bool kDefaultAngleOnly, bool kFp8, int Capacity>
+__global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefaultAngleOnly, kFp8>)
+    rope_kv_append_kernel(const __grid_constant__ AppendArgs<Capacity> args) {
     allow_next_kernel();    // Programmatic dependent launch (5.).
     PreviousGrid previous;  // Waited for before the first global memory access.
     const int64_t step = int64_t(gridDim.x) * blockDim.y;
     for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
         const int64_t token = args.by_slices.divide(unit);
         const int64_t slice = unit - token * args.slices;
-        const int64_t count = (args.rows - slice + args.slices - 1) / args.slices;  // Rotating rows of the slice.
-        auto row_of = [&](int64_t i) { return slice + i * args.slices; };
-        // The slot is read once per unit, after the wait; its page arithmetic waits
-        // until the rows' loads are in flight.
-        int64_t raw_slot = -1;
-        bool slot_loaded = false;
-        auto load_slot = [&] {
-            if (slot_loaded) return;
-            previous.wait();
-            raw_slot = token < args.slot_count ? args.slots[token] : -1;
-            slot_loaded = true;
-        };
-
-        for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
-            if (chunk < args.rotary_chunks) {
-                const int64_t first_feature = chunk * kWidth;
-                const int64_t second_feature = args.rotary_dim / 2 + chunk * kWidth;
-                Vector16<Storage> batch[kRows][2];
-                auto load_batch = [&](int64_t first) {
-#pragma unroll
-                    for (int u = 0; u < kRows; ++u) {
-                        if (first + u < count) {
-                            const Storage* in = row_in<Storage>(args, token, row_of(first + u));
-                            batch[u][0] = load16(in + first_feature);
-                            batch[u][1] = load16(in + second_feature);
-                        }
-                    }
-                };
-                float cos_angle[kWidth], sin_angle[kWidth];
-                load_with_factors<Path, kDefaultAngleOnly>(
-                    args, 0, token, chunk, previous,
-                    [&] {
-                        load_batch(0);
-                        load_slot();
-                    },
-                    cos_angle, sin_angle);
-                const SlotRows target = slot_rows(args, raw_slot);
-                for (int64_t first = 0; first < count; first += kRows) {
-                    if (first > 0) load_batch(first);
-#pragma unroll
-                    for (int u = 0; u < kRows; ++u) {
-                        if (first + u >= count) continue;
-                        const int64_t row = row_of(first + u);
-                        float value[2][kWidth];
-                        rotate_runs<Storage, kStyle>(batch[u], cos_angle, sin_angle, value);
-                        const Vector16<Storage> stored[2] = {round_run<Storage>(value[0]),
-                                                             round_run<Storage>(value[1])};
-                        Storage* out = row_out<Storage>(args, token, row);
-                        store16(out + first_feature, stored[0]);  // q_out, or the live k: always written.
-                        store16(out + second_feature, stored[1]);
-                        if (row < args.q_heads || target.slot < 0) continue;
-                        const int64_t head = row - args.q_heads;
-                        const int64_t cache_row = target.k_row + head * args.k_cache.stride_head;
-                        const float scale = cache_scale(args.k_cache, head);
-                        store_cache_run(args.k_cache, cache_row + first_feature, scale, stored[0], value[0]);
-                        store_cache_run(args.k_cache, cache_row + second_feature, scale, stored[1], value[1]);
-                    }
-                }
-            } else {  // Partial rotary: a run of pass-through features, copied to the output and the cache.
-                const int64_t feature = args.rotary_dim + (chunk - args.rotary_chunks) * kWidth;
-                load_slot();
-                const SlotRows target = slot_rows(args, raw_slot);
-                for (int64_t i = 0; i < count; ++i) {
-                    const int64_t row = row_of(i);
-                    const bool is_q = row < args.q_heads;
-                    const bool copy_out = is_q ? args.q.in != args.q.out : args.k.in != args.k.out;
-                    const bool cached = !is_q && target.slot >= 0;
-                    if (!copy_out && !cached) continue;
-                    const Vector16<Storage> data = load16(row_in<Storage>(args, token, row) + feature);
-                    if (copy_out) store16(row_out<Storage>(args, token, row) + feature, data);
-                    if (!cached) continue;
-                    const int64_t head = row - args.q_heads;
-                    store_cache_copy(args.k_cache, target.k_row + head * args.k_cache.stride_head + feature,
-                                     cache_scale(args.k_cache, head), data);
-                }
-            }
-        }
-
-        // v: the slice's v rows, unrotated, into the v cache; padding writes nothing.
-        if (slice >= args.k_heads) continue;
-        load_slot();
-        const SlotRows target = slot_rows(args, raw_slot);
-        if (target.slot < 0) continue;
-        for (int64_t head = slice; head < args.k_heads; head += args.slices) {
-            const Storage* in = static_cast<const Storage*>(args.v) + args.v_geometry.offset(0, head, token, 0);
-            const int64_t cache_row = target.v_row + head * args.v_cache.stride_head;
-            const float scale = cache_scale(args.v_cache, head);
-            for (int64_t first = threadIdx.x; first < args.v_runs; first += kRows * int64_t(blockDim.x)) {
-                Vector16<Storage> data[kRows];
-#pragma unroll
-                for (int u = 0; u < kRows; ++u) {
-                    const int64_t run = first + u * int64_t(blockDim.x);
-                    if (run < args.v_runs) data[u] = load16(in + run * kWidth);
-                }
-#pragma unroll
-                for (int u = 0; u < kRows; ++u) {
-                    const int64_t run = first + u * int64_t(blockDim.x);
-                    if (run < args.v_runs) store_cache_copy(args.v_cache, cache_row + run * kWidth, scale, data[u]);
-                }
-            }
-        }
+        if (slice < args.rotating_slices)
+            rotate_slice<Storage, kStyle, kDefaultAngleOnly, kFp8>(args, token, slice, previous);
+        else
+            copy_v_slice<Storage, kFp8>(args, token, slice - args.rotating_slices, previous);
     }
 }
 
@@ -380,8 +414,10 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     const int64_t block_y = std::max<int64_t>(1, kAppendBlockThreads / block_x);
     const bool bandwidth = tokens * (args.rows + args.k_heads) * block_x >=
                            int64_t(device.multiprocessors) * kThreadSlotsPerSM;
-    const int64_t per_slice = std::min(bandwidth ? kBandwidthRowsPerSlice : kLatencyRowsPerSlice, args.rows);
-    args.slices = (args.rows + per_slice - 1) / per_slice;
+    const int64_t per_slice = bandwidth ? kAppendRows : 1;
+    args.rotating_slices = (args.rows + per_slice - 1) / per_slice;
+    args.v_slices = (args.k_heads + per_slice - 1) / per_slice;
+    args.slices = args.rotating_slices + args.v_slices;
     args.units = tokens * args.slices;
     args.by_slices = FastDivisor(args.slices);
     args.by_page_size = FastDivisor(plan.page_size);
@@ -390,12 +426,19 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     const dim3 block(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
     const ProgrammaticLaunch programmatic(grid, block, stream_of(rope), device);
     // The default angle gets a kernel of its own, as in the RoPE kernel (unit_kernel.cuh, launch_units).
+    const bool fp8 = plan.k_cache.dtype != CacheDType::model || plan.v_cache.dtype != CacheDType::model;
+    auto launch = [&](auto default_angle_only, auto fp8_cache) {
+        launch_kernel("rope_kv_append_kernel", programmatic.config,
+                      rope_kv_append_kernel<Storage, kStyle, decltype(default_angle_only)::value,
+                                            decltype(fp8_cache)::value, Capacity>,
+                      args);
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
     if (default_angle_only(rope.angles))
-        launch_kernel("rope_kv_append_kernel", programmatic.config,
-                      rope_kv_append_kernel<Storage, kStyle, true, Capacity>, args);
+        fp8 ? launch(Yes{}, Yes{}) : launch(Yes{}, No{});
     else
-        launch_kernel("rope_kv_append_kernel", programmatic.config,
-                      rope_kv_append_kernel<Storage, kStyle, false, Capacity>, args);
+        fp8 ? launch(No{}, Yes{}) : launch(No{}, No{});
 }
 
 template <typename Storage, Style kStyle>
