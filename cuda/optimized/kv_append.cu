@@ -19,8 +19,8 @@
 // rows, thread x copies runs x, x + blockDim.x, ... A thread issues the loads
 // of all its rows before it uses the first (3.), and computes the cos/sin of
 // its chunk once for all of them (2.). When the call cannot fill the GPU a
-// slice is one row: more threads, each with less to do, finish a decode step
-// sooner. The cache's type is a template parameter, so that the model-dtype
+// slice is two rows, and one when it fills less than a quarter of it: more
+// threads, each with less to do, finish a decode step sooner. The cache's type is a template parameter, so that the model-dtype
 // kernel carries no FP8 code (a small kernel stays in the instruction cache).
 //
 // The rotated k row reaches the k cache from registers: a model-dtype cache
@@ -408,13 +408,15 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     args.k_cache = plan.k_cache;
     args.v_cache = plan.v_cache;
 
-    // The regime (4.): would one thread per chunk of every row, v's included, fill the GPU?
+    // The regime (4.), from how much of the GPU one thread per chunk of every row (v's included)
+    // would fill: all of it, four rows a thread; a quarter or more, two (the cos/sin of a chunk,
+    // computed once per thread, would otherwise cost more than the parallelism gains); less, one.
     const int64_t tokens = plan.tokens();
     const int64_t block_x = std::min<int64_t>(args.chunks, kAppendBlockThreads);
     const int64_t block_y = std::max<int64_t>(1, kAppendBlockThreads / block_x);
-    const bool bandwidth = tokens * (args.rows + args.k_heads) * block_x >=
-                           int64_t(device.multiprocessors) * kThreadSlotsPerSM;
-    const int64_t per_slice = bandwidth ? kAppendRows : 1;
+    const int64_t threads = tokens * (args.rows + args.k_heads) * block_x;
+    const int64_t slots = int64_t(device.multiprocessors) * kThreadSlotsPerSM;
+    const int64_t per_slice = threads >= slots ? kAppendRows : 4 * threads >= slots ? 2 : 1;
     args.rotating_slices = (args.rows + per_slice - 1) / per_slice;
     args.v_slices = (args.k_heads + per_slice - 1) / per_slice;
     args.slices = args.rotating_slices + args.v_slices;
