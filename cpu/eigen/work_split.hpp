@@ -27,6 +27,10 @@
 //     heads 4-7 | tile 1  | tile 3  |   thread 1: tiles 2-3
 //               +---------+---------+
 //
+// Where the batch shares its positions, the heads of a chunk span the batch;
+// a [b, s, h, d] tile then holds one sequence's heads at most, for the reason
+// split_work gives.
+//
 // Tiles are numbered so that each thread's contiguous range of them (OpenMP's
 // static schedule) is a contiguous region of memory: two threads streaming
 // two separate regions go faster than both hopping over the same heads.
@@ -114,6 +118,12 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
         split.tile_tokens = std::clamp<int64_t>(kTileTableBytes / table_row_bytes, 1, split.chunk_tokens);
         const int64_t ranges = split.token_ranges(split.chunk(0));
         split.head_ranges = std::clamp<int64_t>((target_tiles + ranges - 1) / ranges, 1, split.heads);
+        // Sequences sharing positions: a tile holds the heads of one sequence at most (a whole
+        // number of ranges per sequence). A token's heads of one sequence are one contiguous run
+        // of q and one of k; a tile across the batch would walk two runs per sequence for each
+        // token, more streams of memory than the prefetchers follow.
+        const int64_t sequences = split.heads / (plan.q.in_geometry.heads + plan.k.in_geometry.heads);
+        split.head_ranges = std::min((split.head_ranges + sequences - 1) / sequences * sequences, split.heads);
     }
     return split;
 }
