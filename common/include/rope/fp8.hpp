@@ -19,11 +19,14 @@
 /// can change a result. tests/fp8_test.cpp checks both directions against an
 /// independent reference (tests/fp8_reference.hpp) near every rounding boundary.
 /// On GPUs that have an FP8 conversion instruction (compute capability 8.9 and
-/// later) device code uses it instead: `cvt.rn.satfinite` rounds and saturates
-/// the same way in one instruction, where the bit arithmetic takes a few dozen,
-/// which an FP8 cache write of every k and v element feels. Only its NaN is its
-/// own (one code whatever the sign), so NaN is decided before it. The same test
-/// file checks the GPU's codes against the host's, bit for bit.
+/// later) device code uses it instead, through CUDA's own `__nv_cvt_float_to_fp8`
+/// with `__NV_SATFINITE` (`cvt.rn.satfinite`): it rounds and saturates the same
+/// way in one instruction, where the bit arithmetic takes a few dozen, which an
+/// FP8 cache write of every k and v element feels. Only its NaN is its own (one
+/// code whatever the sign), so NaN is decided beside it, by a select: device code
+/// carries no bit-arithmetic path at all, which keeps a kernel that quantises
+/// many values in registers small enough for the instruction cache. The same
+/// test file checks the GPU's codes against the host's, bit for bit.
 ///
 /// Scales follow the dequantisation convention of vLLM, FlashMLA and Hugging
 /// Face: x ~= fp8 * scale, so quantising divides by the scale. FlashInfer takes
@@ -33,6 +36,10 @@
 
 #include <cstdint>
 #include <string_view>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#include <cuda_fp8.h>
+#endif
 
 #include "rope/dtype.hpp"
 #include "rope/host_device.hpp"
@@ -123,17 +130,22 @@ ROPE_HOST_DEVICE inline uint8_t float_to_fp8_bits(float value, uint32_t max_bits
     return uint8_t(sign | round_shift_even(significand, shift < 26u ? shift : 26u));
 }
 
+/// @brief The NaN code of an FP8 format, with the sign of @p value (which is NaN, or
+/// a value whose quotient by a scale is).
+/// @param value float32 whose sign the code takes.
+/// @param nan_code the format's NaN with the sign bit clear.
+/// @return nan_code with value's sign bit.
+ROPE_HOST_DEVICE inline uint8_t signed_nan_code(float value, uint32_t nan_code) {
+    return uint8_t(((float_bits(value) >> 24) & 0x80u) | nan_code);
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-/// The GPU's conversion instruction (see the top of the file): @p value, not NaN, to
-/// e4m3fn (@p kE4m3) or e5m2. It converts two values at once; the low byte is the second's.
-template <bool kE4m3>
-__device__ inline uint8_t fp8_instruction(float value) {
-    unsigned short pair;
-    if constexpr (kE4m3)
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(pair) : "f"(value));
-    else
-        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %1;" : "=h"(pair) : "f"(value));
-    return uint8_t(pair & 0xffu);
+/// The GPU's conversion instruction (see the top of the file) for @p value, NaN
+/// included: the instruction's code, or the signed NaN code. Both are computed and
+/// one is selected, so no branch and no second conversion path is compiled in.
+__device__ inline uint8_t fp8_instruction(float value, __nv_fp8_interpretation_t format, uint32_t nan_code) {
+    const uint8_t code = __nv_cvt_float_to_fp8(value, __NV_SATFINITE, format);
+    return value == value ? code : signed_nan_code(value, nan_code);
 }
 #endif
 
@@ -144,9 +156,10 @@ __device__ inline uint8_t fp8_instruction(float value) {
 /// @return the e4m3fn code: +-448 (0x7e/0xfe) for overflow and +-inf, 0x7f/0xff for NaN.
 ROPE_HOST_DEVICE inline uint8_t float_to_e4m3fn(float value) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    if (value == value) return detail::fp8_instruction<true>(value);
-#endif
+    return detail::fp8_instruction(value, __NV_E4M3, 0x7fu);
+#else
     return detail::float_to_fp8_bits<3, 7>(value, 0x43e00000u /* 448 */, 0x7eu, 0x7fu);
+#endif
 }
 
 /// @brief Rounds float32 to e5m2: nearest even, saturating at +-57344, NaN kept.
@@ -154,9 +167,10 @@ ROPE_HOST_DEVICE inline uint8_t float_to_e4m3fn(float value) {
 /// @return the e5m2 code: +-57344 (0x7b/0xfb) for overflow and +-inf, the quiet NaN 0x7e/0xfe for NaN.
 ROPE_HOST_DEVICE inline uint8_t float_to_e5m2(float value) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    if (value == value) return detail::fp8_instruction<false>(value);
-#endif
+    return detail::fp8_instruction(value, __NV_E5M2, 0x7eu);
+#else
     return detail::float_to_fp8_bits<2, 15>(value, 0x47600000u /* 57344 */, 0x7bu, 0x7eu);
+#endif
 }
 
 /// @brief Widens an e4m3fn code to float32 (exact).
@@ -219,8 +233,8 @@ ROPE_HOST_DEVICE inline uint8_t quantize_fp8(float value, float scale, Fp8Format
     const float quotient = value / scale;
     // A NaN quotient keeps the sign of the value: a CPU carries a NaN operand's sign through the
     // division, a GPU returns its own positive NaN, and every backend must write the same code.
-    if (quotient != quotient) return float_to_fp8(bits_to_float((float_bits(value) & 0x80000000u) | 0x7fc00000u), format);
-    return float_to_fp8(quotient, format);
+    const uint8_t code = float_to_fp8(quotient, format);
+    return quotient == quotient ? code : detail::signed_nan_code(value, format == Fp8Format::e4m3fn ? 0x7fu : 0x7eu);
 }
 
 }  // namespace rope
