@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <tuple>
 #include <string>
 #include <vector>
@@ -62,7 +63,8 @@ struct Shape {
     int64_t padding = 2;    // Tokens among the first slot_count with slot -1.
     int64_t tail = 1;       // Tokens past slot_count (padding too).
     int64_t q_pad = 0;      // Unused elements after each row of q, k, v (strided views).
-    rope::CacheDType cache_dtype = rope::CacheDType::model;  // Of both caches.
+    rope::CacheDType cache_dtype = rope::CacheDType::model;  // Of both caches (of k's alone with v_cache_dtype).
+    std::optional<rope::CacheDType> v_cache_dtype;            // v's, where it differs (nhd, hnd, strided pages).
     float scale = 1.0f;     // FP8: the dequantisation scale of head 0 (head h: scale * (1 + 0.37 h) per head).
     bool per_head_scales = false;
 };
@@ -132,14 +134,17 @@ std::vector<int64_t> random_slots(const Shape& shape, std::mt19937_64& rng) {
     return slots;
 }
 
-// Element size of a model-dtype cache.
-int64_t element_of(const Setup& s) {
-    return s.shape.cache_dtype == rope::CacheDType::model ? rope::dtype_size(s.shape.dtype) : 1;
+// Element size of a cache of type @p cache_dtype.
+int64_t element_of(const Setup& s, rope::CacheDType cache_dtype) {
+    return cache_dtype == rope::CacheDType::model ? rope::dtype_size(s.shape.dtype) : 1;
 }
 
 void build_caches(Setup& s) {
     const Shape& n = s.shape;
-    const int64_t e = element_of(s);
+    const rope::CacheDType v_dtype = n.v_cache_dtype.value_or(n.cache_dtype);
+    REQUIRE((v_dtype == n.cache_dtype || n.layout == CacheLayout::nhd || n.layout == CacheLayout::hnd ||
+             n.layout == CacheLayout::strided_pages));
+    const int64_t e = element_of(s, n.cache_dtype), v_e = element_of(s, v_dtype);
     const int64_t k_row = n.head_dim, v_row = n.v_dim;
     int64_t k_elements = 0, v_elements = 0;
     switch (n.layout) {
@@ -148,19 +153,19 @@ void build_caches(Setup& s) {
         case CacheLayout::strided_pages: {
             k_elements = n.pages * n.page_size * n.kv_heads * k_row + (n.layout == CacheLayout::strided_pages ? 13 * n.pages : 0);
             v_elements = n.pages * n.page_size * n.kv_heads * v_row + (n.layout == CacheLayout::strided_pages ? 13 * n.pages : 0);
-            s.cache_bytes.assign(size_t((k_elements + v_elements) * e + 64), 0);
+            s.cache_bytes.assign(size_t(k_elements * e + v_elements * v_e + 64), 0);
             void* k_data = s.cache_bytes.data();
             void* v_data = s.cache_bytes.data() + k_elements * e + 32;
             if (n.layout == CacheLayout::hnd) {
                 s.k_cache = rope::PagedCache::hnd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row,
                                                   n.cache_dtype);
                 s.v_cache = rope::PagedCache::hnd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row,
-                                                  n.cache_dtype);
+                                                  v_dtype);
             } else {
                 s.k_cache = rope::PagedCache::nhd(k_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, k_row,
                                                   n.cache_dtype);
                 s.v_cache = rope::PagedCache::nhd(v_data, rope::Device::host, n.pages, n.page_size, n.kv_heads, v_row,
-                                                  n.cache_dtype);
+                                                  v_dtype);
             }
             if (n.layout == CacheLayout::strided_pages) {  // 13 unused elements after every page.
                 s.k_cache.stride_page += 13;
@@ -190,11 +195,9 @@ void build_caches(Setup& s) {
             break;
         }
     }
-    if (n.cache_dtype != rope::CacheDType::model) {
-        for (int64_t h = 0; h < (n.per_head_scales ? n.kv_heads : 1); ++h) {
-            s.k_scales.push_back(n.scale * (1.0f + 0.37f * float(h)));
-            s.v_scales.push_back(n.scale * (1.7f + 0.37f * float(h)));
-        }
+    for (int64_t h = 0; h < (n.per_head_scales ? n.kv_heads : 1); ++h) {
+        if (n.cache_dtype != rope::CacheDType::model) s.k_scales.push_back(n.scale * (1.0f + 0.37f * float(h)));
+        if (v_dtype != rope::CacheDType::model) s.v_scales.push_back(n.scale * (1.7f + 0.37f * float(h)));
     }
     s.k_offset = static_cast<uint8_t*>(s.k_cache.data) - s.cache_bytes.data();
     s.v_offset = static_cast<uint8_t*>(s.v_cache.data) - s.cache_bytes.data();
@@ -304,7 +307,7 @@ double ulp_of(double x, rope::DType dtype) {
 
 // Reads element `index` of a model-dtype cache.
 double cache_value(const Setup& s, const rope::PagedCache& cache, long index) {
-    const rope::TensorView one{static_cast<uint8_t*>(cache.data) + index * element_of(s), s.shape.dtype,
+    const rope::TensorView one{static_cast<uint8_t*>(cache.data) + index * element_of(s, cache.dtype), s.shape.dtype,
                                rope::Device::host, rope::Layout::bhsd, {1, 1, 1, 1}, {1, 1, 1, 1}};
     return oracle::read(one, 0, 0, 0, 0);
 }
@@ -342,9 +345,9 @@ void check_append(rope::Backend& backend, Setup s) {
     check_ulp(s.k_result().values(), want.k, s.shape.dtype, pipeline, "k_out (the live key)");
     // The cache: written elements hold the oracle's values; every other byte is untouched.
     std::vector<uint8_t> expected_untouched = before.cache_bytes;
-    const int64_t e = element_of(s);
     auto check_cache = [&](const rope::PagedCache& cache, const rope::PagedCache& cache_before,
                            const std::vector<oracle::CacheWrite>& writes, const char* what, bool keys) {
+        const int64_t e = element_of(s, cache.dtype);
         std::vector<double> got, expected;
         const size_t offset = size_t(static_cast<uint8_t*>(cache.data) - s.cache_bytes.data());
         REQUIRE(offset == size_t(static_cast<uint8_t*>(cache_before.data) - before.cache_bytes.data()));
@@ -504,6 +507,24 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: FP8 caches (e4m3fn, e5m2), per-tensor and 
                     shape.tail = 2;
                     check_append(*backend, make_setup(config_of(32, 24), shape));
                 }
+    // k and v caches of different types (an FP8 k cache beside a model-dtype v cache, and the two
+    // FP8 formats): the optimized CUDA backend sends these to its generic kernel.
+    for (auto [k_dtype, v_dtype] : {std::pair{rope::CacheDType::e4m3fn, rope::CacheDType::model},
+                                    std::pair{rope::CacheDType::model, rope::CacheDType::e5m2},
+                                    std::pair{rope::CacheDType::e4m3fn, rope::CacheDType::e5m2}})
+        for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16}) {
+            const std::string names =
+                std::string(rope::cache_dtype_name(k_dtype)) + " / " + std::string(rope::cache_dtype_name(v_dtype));
+            CAPTURE(names);
+            Shape shape;
+            shape.dtype = dtype;
+            shape.cache_dtype = k_dtype;
+            shape.v_cache_dtype = v_dtype;
+            shape.scale = 0.0123f;
+            shape.per_head_scales = true;
+            shape.tokens = 12;
+            check_append(*backend, make_setup(config_of(32, 24), shape));
+        }
     // MLA with an FP8 cache.
     Shape shape;
     shape.layout = CacheLayout::mla;

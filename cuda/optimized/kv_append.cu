@@ -20,8 +20,15 @@
 // of all its rows before it uses the first (3.), and computes the cos/sin of
 // its chunk once for all of them (2.). When the call cannot fill the GPU a
 // slice is two rows, and one when it fills less than a quarter of it: more
-// threads, each with less to do, finish a decode step sooner. The cache's type is a template parameter, so that the model-dtype
-// kernel carries no FP8 code (a small kernel stays in the instruction cache).
+// threads, each with less to do, finish a decode step sooner.
+//
+// The caches' type is a template parameter (model dtype, e4m3fn or e5m2, the same
+// for k and v), so that each kernel carries the code of one store only: unrolled
+// over four rows, a conversion that is a runtime choice put the code of every
+// choice in one kernel, twice the instruction cache's size, and at prefill its
+// warps waited on instruction fetch more than on memory (Nsight Compute's
+// no-instruction stall, bench/results/notes/serving-forms.md). A call whose k
+// and v caches differ in type takes the generic kernel (kv_append_generic.cu).
 //
 // The rotated k row reaches the k cache from registers: a model-dtype cache
 // receives exactly the bits written to k_out; an FP8 cache receives
@@ -54,13 +61,16 @@ namespace {
 
 /// Threads per block, as the RoPE kernel's (backend.cu says why small blocks).
 constexpr int kAppendBlockThreads = 128;
-/// Blocks an SM holds at least, which bounds a thread's registers: 96 for the lean kernel
-/// (default angle, model-dtype caches), which keeps more loads in flight at prefill without
-/// spilling; 128 for the others, which would spill at 96.
-template <bool kDefaultAngleOnly, bool kFp8>
-constexpr int kAppendMinBlocks = kDefaultAngleOnly && !kFp8 ? 5 : 4;
-/// Rows a thread takes in one unit, whose loads it issues before it uses the first (3.).
-constexpr int kAppendRows = 4;
+/// Blocks an SM holds at least, which bounds a thread's registers: 96 for the lean kernels
+/// (default angle), which keeps more loads in flight at prefill without spilling; 128 for the
+/// others, which would spill at 96.
+template <bool kDefaultAngleOnly>
+constexpr int kAppendMinBlocks = kDefaultAngleOnly ? 5 : 4;
+/// Rows a thread takes in one unit at most, whose loads it issues before it uses the first (3.):
+/// four into model-dtype caches; two into FP8 ones, whose conversions, unrolled over four rows,
+/// would not fit the instruction cache, while two rows still keep enough loads in flight.
+template <CacheDType kCache>
+constexpr int kAppendRows = kCache == CacheDType::model ? 4 : 2;
 /// Angle-argument capacity for rotary_dim <= 128 (backend.cu's kSmallCapacity, for the same reason).
 constexpr int kSmallAppendCapacity = 64;
 
@@ -128,9 +138,9 @@ __device__ inline Storage* row_out(const AppendArgs<Capacity>& args, int64_t tok
 }
 
 /// The dequantisation scale of head @p head (read only for an FP8 cache).
-template <bool kFp8>
+template <CacheDType kCache>
 __device__ inline float cache_scale(const CacheTarget& cache, int64_t head) {
-    return !kFp8 || cache.dtype == CacheDType::model ? 1.0f : cache.scale_of(head);
+    return kCache == CacheDType::model ? 1.0f : cache.scale_of(head);
 }
 
 /// Rotates the pairs of a chunk's two runs in float32; the result stays in
@@ -169,11 +179,11 @@ __device__ inline Vector16<Storage> round_run(const float (&value)[Vector16<Stor
 }
 
 /// Writes a run of FP8 codes of @p value (4 or 8 bytes: one store).
-template <int kWidth>
+template <CacheDType kCache, int kWidth>
 __device__ inline void store_fp8_run(const CacheTarget& cache, int64_t offset, float scale,
                                      const float (&value)[kWidth]) {
     static_assert(kWidth == 4 || kWidth == 8, "a 16-byte run holds 4 fp32 or 8 fp16/bf16 values");
-    const Fp8Format format = cache.dtype == CacheDType::e4m3fn ? Fp8Format::e4m3fn : Fp8Format::e5m2;
+    constexpr Fp8Format format = kCache == CacheDType::e4m3fn ? Fp8Format::e4m3fn : Fp8Format::e5m2;
     uint32_t word[kWidth / 4] = {};
 #pragma unroll
     for (int i = 0; i < kWidth; ++i) word[i / 4] |= uint32_t(quantize_fp8(value[i], scale, format)) << (8 * (i % 4));
@@ -186,34 +196,29 @@ __device__ inline void store_fp8_run(const CacheTarget& cache, int64_t offset, f
 
 /// Writes a rotated run into a cache: @p stored (the bits of k_out) into a
 /// model-dtype cache, FP8 codes of @p value (float32) into an FP8 one.
-/// @tparam kFp8 whether the call has an FP8 cache (without, every cache has the model dtype).
-template <bool kFp8, typename Storage>
+/// @tparam kCache the caches' type.
+template <CacheDType kCache, typename Storage>
 __device__ inline void store_cache_run(const CacheTarget& cache, int64_t offset, float scale,
                                        const Vector16<Storage>& stored,
                                        const float (&value)[Vector16<Storage>::kWidth]) {
-    if constexpr (kFp8) {
-        if (cache.dtype != CacheDType::model) {
-            store_fp8_run<Vector16<Storage>::kWidth>(cache, offset, scale, value);
-            return;
-        }
-    }
-    store16(static_cast<Storage*>(cache.data) + offset, stored);
+    if constexpr (kCache == CacheDType::model)
+        store16(static_cast<Storage*>(cache.data) + offset, stored);
+    else
+        store_fp8_run<kCache>(cache, offset, scale, value);
 }
 
 /// Writes a copied run (v, or pass-through features) into a cache.
-template <bool kFp8, typename Storage>
+template <CacheDType kCache, typename Storage>
 __device__ inline void store_cache_copy(const CacheTarget& cache, int64_t offset, float scale,
                                         const Vector16<Storage>& stored) {
-    if constexpr (kFp8) {
-        if (cache.dtype != CacheDType::model) {
-            float value[Vector16<Storage>::kWidth];
+    if constexpr (kCache == CacheDType::model) {
+        store16(static_cast<Storage*>(cache.data) + offset, stored);
+    } else {
+        float value[Vector16<Storage>::kWidth];
 #pragma unroll
-            for (int i = 0; i < Vector16<Storage>::kWidth; ++i) value[i] = to_float(stored.value[i]);
-            store_fp8_run<Vector16<Storage>::kWidth>(cache, offset, scale, value);
-            return;
-        }
+        for (int i = 0; i < Vector16<Storage>::kWidth; ++i) value[i] = to_float(stored.value[i]);
+        store_fp8_run<kCache>(cache, offset, scale, value);
     }
-    store16(static_cast<Storage*>(cache.data) + offset, stored);
 }
 
 /// The token's slot, read once per unit after the wait for the previous kernel.
@@ -225,32 +230,32 @@ __device__ inline int64_t read_slot(const AppendArgs<Capacity>& args, int64_t to
 
 /// Rotating slice @p slice of @p token: this thread's chunk of each of its rows into
 /// q_out or k_out, and k's rows into the k cache too.
-template <typename Storage, Style kStyle, bool kDefaultAngleOnly, bool kFp8, int Capacity>
+template <typename Storage, Style kStyle, bool kDefaultAngleOnly, CacheDType kCache, int Capacity>
 __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t token, int64_t slice,
                                     PreviousGrid& previous) {
     using Path = VectorPath<Storage, kStyle>;  // Which pairs a chunk holds; its cos/sin (prologue.cuh).
     constexpr int kWidth = Path::kWidth;
-    const int64_t count = (args.rows - slice + args.rotating_slices - 1) / args.rotating_slices;  // <= kAppendRows
+    const int64_t count = (args.rows - slice + args.rotating_slices - 1) / args.rotating_slices;  // <= kAppendRows<kCache>
     auto row_of = [&](int u) { return slice + u * args.rotating_slices; };
     for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
         int64_t raw_slot = -1;
         if (chunk < args.rotary_chunks) {
             const int64_t first_feature = chunk * kWidth;
             const int64_t second_feature = args.rotary_dim / 2 + chunk * kWidth;
-            Vector16<Storage> batch[kAppendRows][2];
-            float scale[kAppendRows];  // k rows' FP8 scales, loaded with the rows: no second round trip.
+            Vector16<Storage> batch[kAppendRows<kCache>][2];
+            float scale[kAppendRows<kCache>];  // k rows' FP8 scales, loaded with the rows: no second round trip.
             float cos_angle[kWidth], sin_angle[kWidth];
             load_with_factors<Path, kDefaultAngleOnly>(
                 args, 0, token, chunk, previous,
                 [&] {
 #pragma unroll
-                    for (int u = 0; u < kAppendRows; ++u) {
+                    for (int u = 0; u < kAppendRows<kCache>; ++u) {
                         if (u < count) {
                             const Storage* in = row_in<Storage>(args, token, row_of(u));
                             batch[u][0] = load16(in + first_feature);
                             batch[u][1] = load16(in + second_feature);
                             const int64_t head = row_of(u) - args.q_heads;
-                            scale[u] = head >= 0 ? cache_scale<kFp8>(args.k_cache, head) : 1.0f;
+                            scale[u] = head >= 0 ? cache_scale<kCache>(args.k_cache, head) : 1.0f;
                         }
                     }
                     raw_slot = read_slot(args, token, previous);
@@ -258,7 +263,7 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                 cos_angle, sin_angle);
             const SlotRows target = slot_rows(args, raw_slot);
 #pragma unroll
-            for (int u = 0; u < kAppendRows; ++u) {
+            for (int u = 0; u < kAppendRows<kCache>; ++u) {
                 if (u >= count) continue;
                 const int64_t row = row_of(u);
                 float value[2][kWidth];
@@ -270,8 +275,8 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                 if (row < args.q_heads || target.slot < 0) continue;
                 const int64_t head = row - args.q_heads;
                 const int64_t cache_row = target.k_row + head * args.k_cache.stride_head;
-                store_cache_run<kFp8>(args.k_cache, cache_row + first_feature, scale[u], stored[0], value[0]);
-                store_cache_run<kFp8>(args.k_cache, cache_row + second_feature, scale[u], stored[1], value[1]);
+                store_cache_run<kCache>(args.k_cache, cache_row + first_feature, scale[u], stored[0], value[0]);
+                store_cache_run<kCache>(args.k_cache, cache_row + second_feature, scale[u], stored[1], value[1]);
             }
         } else {  // Partial rotary: a run of pass-through features, copied to the output and the cache.
             const int64_t feature = args.rotary_dim + (chunk - args.rotary_chunks) * kWidth;
@@ -287,8 +292,8 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                 if (copy_out) store16(row_out<Storage>(args, token, row) + feature, data);
                 if (!cached) continue;
                 const int64_t head = row - args.q_heads;
-                store_cache_copy<kFp8>(args.k_cache, target.k_row + head * args.k_cache.stride_head + feature,
-                                       cache_scale<kFp8>(args.k_cache, head), data);
+                store_cache_copy<kCache>(args.k_cache, target.k_row + head * args.k_cache.stride_head + feature,
+                                       cache_scale<kCache>(args.k_cache, head), data);
             }
         }
     }
@@ -296,21 +301,21 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
 
 /// V slice @p slice of @p token: this thread's runs of each of its v rows, unrotated, into
 /// the v cache; padding writes nothing. Two runs a row at a time, all rows' loads first.
-template <typename Storage, bool kFp8, int Capacity>
+template <typename Storage, CacheDType kCache, int Capacity>
 __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t token, int64_t slice,
                                     PreviousGrid& previous) {
     constexpr int kWidth = Vector16<Storage>::kWidth;
-    const int64_t count = (args.k_heads - slice + args.v_slices - 1) / args.v_slices;  // <= kAppendRows
+    const int64_t count = (args.k_heads - slice + args.v_slices - 1) / args.v_slices;  // <= kAppendRows<kCache>
     auto head_of = [&](int u) { return slice + u * args.v_slices; };
     const int64_t runs_per_pass = 2 * int64_t(blockDim.x);
     for (int64_t first = threadIdx.x; first < args.v_runs; first += runs_per_pass) {
         previous.wait();
-        Vector16<Storage> data[kAppendRows][2];
-        float scale[kAppendRows];  // Loaded with the rows, as in rotate_slice.
+        Vector16<Storage> data[kAppendRows<kCache>][2];
+        float scale[kAppendRows<kCache>];  // Loaded with the rows, as in rotate_slice.
 #pragma unroll
-        for (int u = 0; u < kAppendRows; ++u) {
+        for (int u = 0; u < kAppendRows<kCache>; ++u) {
             if (u >= count) continue;
-            scale[u] = cache_scale<kFp8>(args.v_cache, head_of(u));
+            scale[u] = cache_scale<kCache>(args.v_cache, head_of(u));
             const Storage* in = static_cast<const Storage*>(args.v) + args.v_geometry.offset(0, head_of(u), token, 0);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -321,7 +326,7 @@ __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t to
         const SlotRows target = slot_rows(args, read_slot(args, token, previous));
         if (target.slot < 0) return;
 #pragma unroll
-        for (int u = 0; u < kAppendRows; ++u) {
+        for (int u = 0; u < kAppendRows<kCache>; ++u) {
             if (u >= count) continue;
             const int64_t head = head_of(u);
             const int64_t cache_row = target.v_row + head * args.v_cache.stride_head;
@@ -329,15 +334,15 @@ __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t to
             for (int r = 0; r < 2; ++r) {
                 const int64_t run = first + r * int64_t(blockDim.x);
                 if (run < args.v_runs)
-                    store_cache_copy<kFp8>(args.v_cache, cache_row + run * kWidth, scale[u], data[u][r]);
+                    store_cache_copy<kCache>(args.v_cache, cache_row + run * kWidth, scale[u], data[u][r]);
             }
         }
     }
 }
 
 /// The kernel: each unit a rotating slice or a v slice of one token (the top of the file).
-template <typename Storage, Style kStyle, bool kDefaultAngleOnly, bool kFp8, int Capacity>
-__global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefaultAngleOnly, kFp8>)
+template <typename Storage, Style kStyle, bool kDefaultAngleOnly, CacheDType kCache, int Capacity>
+__global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefaultAngleOnly>)
     rope_kv_append_kernel(const __grid_constant__ AppendArgs<Capacity> args) {
     allow_next_kernel();    // Programmatic dependent launch (5.).
     PreviousGrid previous;  // Waited for before the first global memory access.
@@ -346,9 +351,9 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefault
         const int64_t token = args.by_slices.divide(unit);
         const int64_t slice = unit - token * args.slices;
         if (slice < args.rotating_slices)
-            rotate_slice<Storage, kStyle, kDefaultAngleOnly, kFp8>(args, token, slice, previous);
+            rotate_slice<Storage, kStyle, kDefaultAngleOnly, kCache>(args, token, slice, previous);
         else
-            copy_v_slice<Storage, kFp8>(args, token, slice - args.rotating_slices, previous);
+            copy_v_slice<Storage, kCache>(args, token, slice - args.rotating_slices, previous);
     }
 }
 
@@ -368,11 +373,12 @@ bool cache_runs_aligned(const KvAppendPlan& plan, const CacheTarget& cache) {
     return true;
 }
 
-/// Whether the 16-byte kernel can run @p plan: whole chunks and runs, every row aligned.
+/// Whether the 16-byte kernel can run @p plan: whole chunks and runs, every row aligned,
+/// k and v caches of one type.
 template <typename Storage>
 bool append_vector_fits(const KvAppendPlan& plan) {
     const Plan& rope = plan.rope;
-    return rope.pairs > 0 && vector_path_fits<Storage>(rope) &&
+    return rope.pairs > 0 && plan.k_cache.dtype == plan.v_cache.dtype && vector_path_fits<Storage>(rope) &&
            plan.v_geometry.head_dim % Vector16<Storage>::kWidth == 0 &&
            rows_vectorizable<Storage>(plan.v, plan.v_geometry) && cache_runs_aligned<Storage>(plan, plan.k_cache) &&
            cache_runs_aligned<Storage>(plan, plan.v_cache);
@@ -409,14 +415,17 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     args.v_cache = plan.v_cache;
 
     // The regime (4.), from how much of the GPU one thread per chunk of every row (v's included)
-    // would fill: all of it, four rows a thread; a quarter or more, two (the cos/sin of a chunk,
-    // computed once per thread, would otherwise cost more than the parallelism gains); less, one.
+    // would fill: all of it, kAppendRows a thread (four, or two into FP8 caches); a quarter or more,
+    // two (the cos/sin of a chunk, computed once per thread, would otherwise cost more than the
+    // parallelism gains); less, one.
     const int64_t tokens = plan.tokens();
     const int64_t block_x = std::min<int64_t>(args.chunks, kAppendBlockThreads);
     const int64_t block_y = std::max<int64_t>(1, kAppendBlockThreads / block_x);
     const int64_t threads = tokens * (args.rows + args.k_heads) * block_x;
     const int64_t slots = int64_t(device.multiprocessors) * kThreadSlotsPerSM;
-    const int64_t per_slice = threads >= slots ? kAppendRows : 4 * threads >= slots ? 2 : 1;
+    const int64_t most_rows = plan.k_cache.dtype == CacheDType::model ? kAppendRows<CacheDType::model>
+                                                                       : kAppendRows<CacheDType::e4m3fn>;
+    const int64_t per_slice = threads >= slots ? most_rows : 4 * threads >= slots ? 2 : 1;
     args.rotating_slices = (args.rows + per_slice - 1) / per_slice;
     args.v_slices = (args.k_heads + per_slice - 1) / per_slice;
     args.slices = args.rotating_slices + args.v_slices;
@@ -427,20 +436,28 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)));  // The unit loop covers the rest.
     const dim3 block(static_cast<unsigned>(block_x), static_cast<unsigned>(block_y));
     const ProgrammaticLaunch programmatic(grid, block, stream_of(rope), device);
-    // The default angle gets a kernel of its own, as in the RoPE kernel (unit_kernel.cuh, launch_units).
-    const bool fp8 = plan.k_cache.dtype != CacheDType::model || plan.v_cache.dtype != CacheDType::model;
-    auto launch = [&](auto default_angle_only, auto fp8_cache) {
+    // The default angle gets a kernel of its own, as in the RoPE kernel (unit_kernel.cuh, launch_units),
+    // and each cache type one (the top of the file; append_vector_fits sent mixed types elsewhere).
+    auto launch = [&](auto default_angle_only, auto cache) {
         launch_kernel("rope_kv_append_kernel", programmatic.config,
                       rope_kv_append_kernel<Storage, kStyle, decltype(default_angle_only)::value,
-                                            decltype(fp8_cache)::value, Capacity>,
+                                            decltype(cache)::value, Capacity>,
                       args);
     };
-    using Yes = std::true_type;
-    using No = std::false_type;
+    auto launch_cache = [&](auto default_angle_only) {
+        switch (plan.k_cache.dtype) {
+            case CacheDType::model:
+                return launch(default_angle_only, std::integral_constant<CacheDType, CacheDType::model>{});
+            case CacheDType::e4m3fn:
+                return launch(default_angle_only, std::integral_constant<CacheDType, CacheDType::e4m3fn>{});
+            case CacheDType::e5m2:
+                return launch(default_angle_only, std::integral_constant<CacheDType, CacheDType::e5m2>{});
+        }
+    };
     if (default_angle_only(rope.angles))
-        fp8 ? launch(Yes{}, Yes{}) : launch(Yes{}, No{});
+        launch_cache(std::true_type{});
     else
-        fp8 ? launch(No{}, Yes{}) : launch(No{}, No{});
+        launch_cache(std::false_type{});
 }
 
 template <typename Storage, Style kStyle>

@@ -46,6 +46,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../qk_norm_common.cuh"
 
@@ -172,8 +173,9 @@ __device__ inline void normalize_rotate_store(const QkNormStep& norm, const RowW
                                               float inverse, const float* scale, const float* cos_of,
                                               const float* sin_of, int first, Storage* out) {
     constexpr int kChunks = kHeadDim / kQuadFeatures;
-    const auto normalized = [&](float value, float feature_scale) {
-        return detail::scaled_feature<Storage>(value, inverse, feature_scale, kRounding);
+    // Two features at a time, so that their roundings pair (round_pair_to).
+    const auto normalized = [&](float& x, float& y, float scale_x, float scale_y) {
+        detail::scaled_pair<Storage>(x, y, inverse, scale_x, scale_y, kRounding);
     };
     if constexpr (kStyle == Style::half_split) {
         // Whole-head rotation (the host checks it): pair i = 32m + 8j + e of chunk m < kChunks / 2
@@ -190,8 +192,7 @@ __device__ inline void normalize_rotate_store(const QkNormStep& norm, const RowW
             load_shared(scale + (m + kHalf) * kQuadFeatures + first, scale_y);
 #pragma unroll
             for (int e = 0; e < kChunk; ++e) {
-                x[e] = normalized(x[e], scale_x[e]);
-                y[e] = normalized(y[e], scale_y[e]);
+                normalized(x[e], y[e], scale_x[e], scale_y[e]);
                 detail::rotate_normalized<Storage>(x[e], y[e], cos_angle[e], sin_angle[e], kRounding);
             }
             store_chunk(out + m * kQuadFeatures, x);
@@ -209,8 +210,7 @@ __device__ inline void normalize_rotate_store(const QkNormStep& norm, const RowW
             load_shared(scale + m * kQuadFeatures + first, feature_scale);
 #pragma unroll
             for (int e = 0; e < kChunk; e += 2) {
-                x[e] = normalized(x[e], feature_scale[e]);
-                x[e + 1] = normalized(x[e + 1], feature_scale[e + 1]);
+                normalized(x[e], x[e + 1], feature_scale[e], feature_scale[e + 1]);
                 if (m * kQuadFeatures + first + e < norm.rotary_dim)
                     detail::rotate_normalized<Storage>(x[e], x[e + 1], cos_angle[e / 2], sin_angle[e / 2], kRounding);
             }
@@ -221,12 +221,14 @@ __device__ inline void normalize_rotate_store(const QkNormStep& norm, const RowW
 
 // Block work item w is token w / chunks, its groups [chunk * rows, (chunk + 1) * rows) with
 // chunk = w % chunks (q's heads, then k's); quad r of the block takes the chunk's group r, or
-// none. Each work item: the quads load their rows (and, in a block's first item, its threads
-// the weights) and add their sums, then (barrier) the token's cos and sin are computed, then
-// (barrier) the rows are finished. Every global read is issued before the first wait for one,
-// so a decode step waits for memory once. The loop bound depends on the block alone, so every
-// thread reaches both barriers; the four lanes of a quad share their row, so each quad's
-// shuffles see all four lanes.
+// none. Each work item: the quads issue the loads of their rows (and, in a block's first item,
+// its threads the weights'), the first kPairs threads compute the token's cos and sin meanwhile,
+// the quads add their sums, then (barrier) the rows are finished. Every global read is issued
+// before the first wait for one, so a decode step waits for memory once, and a prefill block
+// waits at one barrier per token (a second, before an item's cos and sin are written, only
+// from its second item on). The loop bound depends on the block alone, so every thread reaches
+// every barrier; the four lanes of a quad share their row, so each quad's shuffles see all four
+// lanes.
 template <typename Storage, int kHeadDim, QkNormRounding kRounding, Style kStyle>
 __global__ void __launch_bounds__(kMaxRowThreads, kRowMinBlocks<Storage, kHeadDim>)
     qk_norm_row_kernel(const __grid_constant__ cuda_detail::QkNormArgsDevice args, int64_t tokens, int64_t rows,
@@ -239,6 +241,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kRowMinBlocks<Storage, kHeadDi
     const unsigned quad_mask = 0xfu << (int(threadIdx.x) % kWarp / kQuad * kQuad);
     const int64_t q_groups = args.groups[0], groups = args.groups[0] + args.groups[1];
     for (int64_t work = blockIdx.x; work < tokens * chunks; work += gridDim.x) {
+        if (work != blockIdx.x) __syncthreads();  // The previous work item's readers are done with cos_of and sin_of.
         const int64_t token = work / chunks, b = token / args.seq, s = token % args.seq;
         const int64_t group = work % chunks * rows + threadIdx.x / kQuad;
         const bool active = int64_t(threadIdx.x / kQuad) < rows && group < groups;  // the same in a quad
@@ -251,7 +254,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kRowMinBlocks<Storage, kHeadDi
         if (active)
             load_row<Storage, kHeadDim>(
                 static_cast<const Storage*>(tensor.in) + tensor.in_geometry.offset(b, h, s, 0) + first, raw);
-        if (work == blockIdx.x) {  // Read after the barriers below; never written again.
+        if (work == blockIdx.x) {  // Read after the barrier below; never written again.
             for (int i = int(threadIdx.x); i < 2 * kHeadDim; i += int(blockDim.x)) {
                 const NormOperand& operand = norm.operands[i / kHeadDim];
                 const float weight = operand.tensor.in_geometry.heads > 0
@@ -260,9 +263,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, kRowMinBlocks<Storage, kHeadDi
                 scale_of[i / kHeadDim][i % kHeadDim] = detail::norm_scale(weight, norm.kind);
             }
         }
-        const float inverse =
-            active ? row_inverse_rms<Storage, kHeadDim>(raw, norm.eps, quad_lane, quad_mask) : 0.0f;
-        __syncthreads();  // The previous work item's readers are done with cos_of and sin_of.
+        // The token's cos and sin while the row's loads are in flight: the accurate sincosf's
+        // latency hides behind the memory's instead of following it.
         for (int i = int(threadIdx.x); i < kPairs; i += int(blockDim.x)) {
             if (i < norm.pairs) {
                 rotation_factors(args.angles, positions.of_pair(args.angles, norm.axes, i), i, cos_of[i], sin_of[i]);
@@ -271,7 +273,9 @@ __global__ void __launch_bounds__(kMaxRowThreads, kRowMinBlocks<Storage, kHeadDi
                 sin_of[i] = 0.0f;
             }
         }
-        __syncthreads();
+        const float inverse =
+            active ? row_inverse_rms<Storage, kHeadDim>(raw, norm.eps, quad_lane, quad_mask) : 0.0f;
+        __syncthreads();  // cos_of, sin_of and scale_of are written.
         if (active) {
             normalize_rotate_store<Storage, kHeadDim, kRounding, kStyle>(
                 norm, raw, inverse, scale_of[which], cos_of, sin_of, first,
@@ -408,20 +412,17 @@ void launch_row_kernel(const QkNormPlan& plan, const cuda_detail::QkNormArgsDevi
         cuda_detail::launch_kernel("qk_norm_row_kernel", config, kernel, args, tokens, rows, chunks);
     };
     const bool half = plan.step.style == Style::half_split;
+    const auto launch_rounding = [&](auto rounding) {  // rounding: the mode, as a type.
+        constexpr QkNormRounding kRounding = decltype(rounding)::value;
+        return half ? launch(qk_norm_row_kernel<Storage, kHeadDim, kRounding, Style::half_split>)
+                    : launch(qk_norm_row_kernel<Storage, kHeadDim, kRounding, Style::interleaved>);
+    };
     using R = QkNormRounding;
     switch (plan.step.rounding) {
-        case R::float32:
-            return half ? launch(qk_norm_row_kernel<Storage, kHeadDim, R::float32, Style::half_split>)
-                        : launch(qk_norm_row_kernel<Storage, kHeadDim, R::float32, Style::interleaved>);
-        case R::hf_qwen3:
-            return half ? launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_qwen3, Style::half_split>)
-                        : launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_qwen3, Style::interleaved>);
-        case R::hf_gemma3:
-            return half ? launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_gemma3, Style::half_split>)
-                        : launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_gemma3, Style::interleaved>);
-        case R::hf_olmo2:
-            return half ? launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_olmo2, Style::half_split>)
-                        : launch(qk_norm_row_kernel<Storage, kHeadDim, R::hf_olmo2, Style::interleaved>);
+        case R::float32: return launch_rounding(std::integral_constant<R, R::float32>{});
+        case R::hf_qwen3: return launch_rounding(std::integral_constant<R, R::hf_qwen3>{});
+        case R::hf_gemma3: return launch_rounding(std::integral_constant<R, R::hf_gemma3>{});
+        case R::hf_olmo2: return launch_rounding(std::integral_constant<R, R::hf_olmo2>{});
     }
 }
 

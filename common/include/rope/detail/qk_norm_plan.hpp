@@ -6,13 +6,15 @@
 /// - qk_norm_sum_of_squares: a row's sum of squares, added in PyTorch's CPU order;
 /// - inverse_rms: 1 / sqrt(mean + eps), rounded as torch's rsqrt rounds;
 /// - normalized_feature: one feature normalised and weighted, rounded as the mode says (norm_scale
-///   and scaled_feature: the same in two steps, for a kernel that prepares a row's scales once);
+///   and scaled_feature: the same in two steps, for a kernel that prepares a row's scales once;
+///   scaled_pair: two features at once, their roundings paired by round_pair_to);
 /// - rotate_normalized: one pair rotated, rounded as the mode says;
 /// - group_inverse_rms and normalize_rotate_head (normalize_rotate_head_with, given the pairs'
 ///   cos and sin): one norm group, one head row.
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "rope/config.hpp"
 #include "rope/detail/pair_step.hpp"
@@ -95,6 +97,27 @@ ROPE_HOST_DEVICE inline float add_rn(float a, float b) {
 template <typename Storage>
 ROPE_HOST_DEVICE inline float round_to(float value) {
     return to_float(from_float<Storage>(value));
+}
+
+/// @brief round_to of two values: the same two results. On a GPU, bf16 takes one
+/// instruction for both (`cvt.rn.bf16x2.f32`, which rounds as `cvt.rn.bf16.f32` does, NaN
+/// included), where two roundings take two: a kernel that rounds after every operation, as
+/// HF's bf16 code does, is bound by the conversion units' rate otherwise.
+/// @tparam Storage float, float16 or bfloat16.
+/// @param[in,out] a, b the float32 values, rounded.
+template <typename Storage>
+ROPE_HOST_DEVICE inline void round_pair_to(float& a, float& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (std::is_same_v<Storage, bfloat16>) {
+        uint32_t packed;  // b's bf16 in the upper half, a's in the lower.
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(b), "f"(a));
+        a = bits_to_float(packed << 16);
+        b = bits_to_float(packed & 0xffff0000u);
+        return;
+    }
+#endif
+    a = round_to<Storage>(a);
+    b = round_to<Storage>(b);
 }
 
 /// @brief Element @p i of a norm weight, widened to float32.
@@ -236,6 +259,33 @@ ROPE_HOST_DEVICE inline float scaled_feature(float x, float inverse, float scale
     return mul_rn(x_hat, scale);
 }
 
+/// @brief scaled_feature of two features at once (the same two results), their roundings
+/// paired (round_pair_to).
+/// @tparam Storage the storage type.
+/// @param[in,out] x, y the input features, normalised and scaled.
+/// @param inverse inverse_rms of their group.
+/// @param scale_x, scale_y norm_scale of their weight elements.
+/// @param rounding where to round.
+template <typename Storage>
+ROPE_HOST_DEVICE inline void scaled_pair(float& x, float& y, float inverse, float scale_x, float scale_y,
+                                         QkNormRounding rounding) {
+    float x_hat = mul_rn(x, inverse), y_hat = mul_rn(y, inverse);
+    switch (rounding) {
+        case QkNormRounding::hf_qwen3:
+            round_pair_to<Storage>(x_hat, y_hat);
+            x = mul_rn(scale_x, x_hat), y = mul_rn(scale_y, y_hat);
+            round_pair_to<Storage>(x, y);
+            return;
+        case QkNormRounding::hf_gemma3:
+        case QkNormRounding::hf_olmo2:
+            x = mul_rn(x_hat, scale_x), y = mul_rn(y_hat, scale_y);
+            round_pair_to<Storage>(x, y);
+            return;
+        case QkNormRounding::float32: break;
+    }
+    x = mul_rn(x_hat, scale_x), y = mul_rn(y_hat, scale_y);
+}
+
 /// @brief Feature @p x normalised (times @p inverse) and weighted, rounded as @p rounding says;
 /// in float32 mode not rounded.
 /// @tparam Storage the storage type.
@@ -265,11 +315,15 @@ template <typename Storage>
 ROPE_HOST_DEVICE inline void rotate_normalized(float& x, float& y, float cos_angle, float sin_angle,
                                                QkNormRounding rounding) {
     if (rounding == QkNormRounding::hf_qwen3 || rounding == QkNormRounding::hf_gemma3) {
-        const float c = round_to<Storage>(cos_angle), s = round_to<Storage>(sin_angle);
-        const float xc = round_to<Storage>(mul_rn(x, c)), ys = round_to<Storage>(mul_rn(y, s));
-        const float yc = round_to<Storage>(mul_rn(y, c)), xs = round_to<Storage>(mul_rn(x, s));
-        x = round_to<Storage>(add_rn(xc, -ys));
-        y = round_to<Storage>(add_rn(yc, xs));
+        // Each rounding of HF's formula, two at a time (round_pair_to).
+        float c = cos_angle, s = sin_angle;
+        round_pair_to<Storage>(c, s);
+        float xc = mul_rn(x, c), ys = mul_rn(y, s);
+        round_pair_to<Storage>(xc, ys);
+        float yc = mul_rn(y, c), xs = mul_rn(x, s);
+        round_pair_to<Storage>(yc, xs);
+        x = add_rn(xc, -ys), y = add_rn(yc, xs);
+        round_pair_to<Storage>(x, y);
         return;
     }
     rotate_pair(x, y, cos_angle, sin_angle);
