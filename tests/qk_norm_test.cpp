@@ -23,9 +23,12 @@
 
 #include "backend_tags.hpp"
 #include "oracle.hpp"
+#include "rope/backend.hpp"
 #include "rope/buffer.hpp"
+#include "rope/detail/qk_norm_plan.hpp"
 #include "rope/error.hpp"
 #include "rope/qk_norm.hpp"
+#include "rounding_device.hpp"
 #include "support.hpp"
 
 using testing::HostTensor;
@@ -571,4 +574,56 @@ TEST_CASE("qk_norm bad input: a clear error naming the parameter, nothing writte
     packed_refused([&](auto& a) { a.q = q.view; }, "q.data");
     packed_refused([&](auto& a) { a.v_out = q_out.view; }, "v_out.shape");
     packed_refused([&](auto& a) { a.v_out = slice(p, 0, 2, 64); }, "v_out.data");  // v_out inside the buffer
+}
+
+#if !ROPE_HAVE_CUDA
+std::vector<float> testing::cuda::bf16_pairs_on_device(const std::vector<float>&) {
+    throw rope::Error("rope::Error: bf16_pairs_on_device: this build has no CUDA");
+}
+#endif
+
+TEST_CASE("CUDA: round_pair_to's paired bf16 conversion gives round_to's bits") {
+    // HF-exact QK-norm rounds two values per instruction on the GPU (cvt.rn.bf16x2.f32);
+    // each result must be the bits of rounding it alone (NaN: a NaN): ties to even, NaN, inf,
+    // the largest finite values, subnormals, and random patterns, each in both places of a pair.
+    const rope::BackendInfo info = rope::backend_info("cuda-naive");
+    if (!info.available) {
+        testing::report_skip("round_pair_to on the GPU", info.reason);
+        return;
+    }
+    auto of_bits = [](uint32_t bits) {
+        float value;
+        std::memcpy(&value, &bits, sizeof value);
+        return value;
+    };
+    std::vector<float> values;
+    for (uint32_t kept : {0x3f80u, 0x3f81u, 0x7f7fu, 0x0001u, 0x0080u, 0x8000u, 0xbf81u, 0xff7fu})
+        for (uint32_t dropped : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu})
+            values.push_back(of_bits(kept << 16 | dropped));  // Exact, below, at and above the tie.
+    for (uint32_t special : {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x00000000u,
+                             0x80000000u, 0x7f7fffffu, 0x00000001u})
+        values.push_back(of_bits(special));
+    std::mt19937_64 rng(testing::seed());
+    for (int i = 0; i < 100000; ++i) values.push_back(of_bits(uint32_t(rng())));
+    // Each value in the first place of a pair, then (shifted by one) in the second.
+    for (int shift : {0, 1}) {
+        CAPTURE(shift);
+        std::vector<float> input(values.begin() + shift, values.end());
+        const std::vector<float> device = testing::cuda::bf16_pairs_on_device(input);
+        REQUIRE(device.size() == input.size());
+        int mismatches = 0;
+        for (size_t i = 0; i < input.size(); ++i) {
+            uint32_t got, want;
+            const float host = rope::detail::round_to<rope::bfloat16>(input[i]);
+            std::memcpy(&got, &device[i], sizeof got);
+            std::memcpy(&want, &host, sizeof want);
+            // A NaN's bits are each side's own (the GPU's one NaN, the host's quieted input),
+            // as they are for round_to on the GPU: NaN must stay NaN.
+            const bool same = std::isnan(input[i]) ? std::isnan(device[i]) : got == want;
+            if (!same && ++mismatches <= 10)
+                FAIL_CHECK("value " << i << ": the GPU's paired rounding gives 0x" << std::hex << got << ", round_to 0x"
+                                    << want);
+        }
+        CHECK(mismatches == 0);
+    }
 }
