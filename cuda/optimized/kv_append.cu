@@ -235,7 +235,7 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                                     PreviousGrid& previous) {
     using Path = VectorPath<Storage, kStyle>;  // Which pairs a chunk holds; its cos/sin (prologue.cuh).
     constexpr int kWidth = Path::kWidth;
-    const int64_t count = (args.rows - slice + args.rotating_slices - 1) / args.rotating_slices;  // <= kAppendRows<kCache>
+    const int64_t count = (args.rows - slice + args.rotating_slices - 1) / args.rotating_slices;  // <= kAppendRows
     auto row_of = [&](int u) { return slice + u * args.rotating_slices; };
     for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
         int64_t raw_slot = -1;
