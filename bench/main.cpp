@@ -19,6 +19,10 @@
 // - --op qknorm (CUDA backends): the fused QK-RMSNorm + RoPE (rope::apply_qk_norm, per head, Llama-style weight)
 //   against the same work as a user runs it unfused (qk_norm_baseline.cu's RMSNorm of q, then of k, then the
 //   backend's RoPE call), both on the same sets and against the copy of the same q and k bytes.
+// - --op rerotate (every backend): rope::rerotate of keys rotated at positions P + kRerotateShift, ... turned
+//   to P, ... (a window shift after an eviction); the shape's H heads are the keys and the whole set (no q), so
+//   the ceiling is a copy of the keys' bytes. Its plans come from rope::detail::make_rerotate_plan, the first
+//   set going once through rope::rerotate as the first call of --op rope goes through rope::apply.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -41,7 +45,9 @@
 #include "rope/cuda_check.hpp"
 #include "rope/detail/plan.hpp"
 #include "rope/detail/qk_norm_plan.hpp"
+#include "rope/detail/rerotate_plan.hpp"
 #include "rope/qk_norm.hpp"
+#include "rope/rerotate.hpp"
 #include "rope/rope.hpp"
 #if ROPE_BENCH_CUDA
 #include "append_baseline.hpp"
@@ -136,7 +142,22 @@ public:
             char* at = static_cast<char*>(buffer.data()) + std::size_t(index) * stride_ + (is_k ? q_bytes : 0);
             return form.view(at, is_k ? form.k_heads : form.q_heads, options.dtype, device);
         };
+        rope::Positions from = positions;  // --op rerotate: where the keys are rotated now.
+        from.offset += kRerotateShift;
         for (int64_t index = 0; index < sets_; ++index) {
+            if (options.op == "rerotate") {  // The keys are the form's q tensor (it has no k): the whole set.
+                const rope::TensorView keys = view(inputs_, index, false);
+                rope::RerotateArgs args =
+                    options.in_place ? rope::RerotateArgs::in_place(keys, from, positions)
+                                     : rope::RerotateArgs::out_of_place(keys, view(outputs_, index, false), from,
+                                                                        positions);
+#if ROPE_BENCH_CUDA
+                if (stream_) args.stream = stream_->get();
+#endif
+                if (index == 0) first_rerotate_args_ = args;
+                plans_.push_back(rope::detail::make_rerotate_plan(config_, args, device));
+                continue;
+            }
             const rope::TensorView q = view(inputs_, index, false), k = view(inputs_, index, true);
             rope::RopeArgs args = options.in_place
                                       ? rope::RopeArgs::in_place(q, k, positions)
@@ -155,10 +176,13 @@ public:
     const CacheSize& cache() const { return cache_; }
 
     // `row` measured options.runs times with `backend`, or why the backend refuses the workload: the first set
-    // once through rope::apply, which checks what Backend::run trusts the plan for.
+    // once through rope::apply (--op rerotate: rope::rerotate), which checks what Backend::run trusts the plan for.
     Row measure_row(rope::Backend& backend, int threads, Row row) {
         try {
-            rope::apply(backend, config_, first_args_);
+            if (options_.op == "rerotate")
+                rope::rerotate(backend, config_, first_rerotate_args_);
+            else
+                rope::apply(backend, config_, first_args_);
         } catch (const rope::Error& error) {
             row.not_run = "unsupported: " + std::string(error.what());
             return row;
@@ -270,14 +294,15 @@ private:
     rope::Device device_;
     CacheSize cache_;
     rope::RopeConfig config_;
-    std::size_t set_bytes_ = 0;            // q and k of one set.
+    std::size_t set_bytes_ = 0;            // q and k of one set (--op rerotate: the keys alone).
     std::size_t stride_ = 0;               // From one set to the next (aligned).
     int64_t sets_ = 1;
     rope::Buffer inputs_, outputs_;        // The sets (q then k, each set at a multiple of stride_); --placement out.
     rope::Buffer copy_destination_;        // Where the ceiling copies to (allocated on first use).
     rope::Buffer cu_seqlens_, ids_, table_;  // The form's arrays, on the device.
-    rope::RopeArgs first_args_;            // Set 0's call, for refusal().
-    std::vector<rope::Plan> plans_;        // One per set.
+    rope::RopeArgs first_args_;            // Set 0's call, for measure_row's check.
+    rope::RerotateArgs first_rerotate_args_;  // --op rerotate: set 0's call, for measure_row's check.
+    std::vector<rope::Plan> plans_;        // One per set (--op rerotate: its re-rotations).
     // --op qknorm: the norm weights (q's, k's), the fused call's args for set 0 and plans per set.
     std::array<rope::Buffer, 2> weights_;
     rope::QkNormArgs first_qk_args_;
@@ -627,6 +652,7 @@ std::string preamble(const Options& options, const std::map<rope::Device, std::s
     text << "\n# median per call (sets span >= 2x that cache); bytes = (q + k elements) x 2 x dtype size; ceiling ="
          << " the fastest copy of the same bytes (host: memcpy or in-place read-modify-write; GPU: cudaMemcpyAsync or"
          << " a 16-byte copy kernel, back to back or from a CUDA graph)";
+    if (options.op == "rerotate") text << "; --op rerotate: the shape's H heads are the keys, and there is no q";
     if (options.runs > 1) text << "; " << options.runs << " runs: the median ratio, and its min and max";
     return text.str();
 }
@@ -650,6 +676,13 @@ std::vector<Row> measure_all(const Options& options, std::map<rope::Device, std:
         shape_row.form = form.name;
         shape_row.form_detail = form.detail;
         if (options.op == "append") shape_row.cache_dtype = rope::cache_dtype_name(options.cache_dtype);
+        if (options.op == "rerotate") {
+            shape_row.op = "rerotate";
+            shape_row.precise = true;  // rope::rerotate always takes the precise angle path.
+            shape_row.form_detail = "keys from " + std::to_string(form.offset + kRerotateShift) + ".. to " +
+                                    std::to_string(form.offset) + ".." +
+                                    (form.detail.empty() ? "" : "; " + form.detail);
+        }
         std::map<rope::Device, std::unique_ptr<Workload>> workloads;  // Built on first use.
 #if ROPE_BENCH_CUDA
         std::unique_ptr<AppendWorkload> append;  // --op append: built on first use.

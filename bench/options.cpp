@@ -40,6 +40,12 @@ QK-RMSNorm + RoPE (--op qknorm, CUDA backends; per-head norm, Llama-style weight
   qknorm    the fused call (rope::apply_qk_norm), rounding as --rounding says (default float32)
   unfused   bench/qk_norm_baseline.cu's RMSNorm of q, then of k, then the backend's RoPE call;
             both against a copy of the same q and k bytes
+Re-rotation (--op rerotate, every backend; the shape's H heads are the keys, there is no q):
+  rerotate  rope::rerotate of keys rotated at positions P+1024, ... to positions P, ... (P =
+            --position-offset): a window shift of 1,024 positions, as after StreamingLLM's eviction;
+            in place, or into outputs with --placement out; against a copy of the keys' bytes.
+            The plain positions only (any --layout: thd packs the B sequences); --kv-heads 0 or left
+            out; always the precise angle path (its `precise` column says 1)
 Bounds (beyond them an option is refused before any work): the ranges above; each of B, H, N, D from 1
   to 2^31-1; q and k of one shape at most 2^34 elements; --table at most 2^24 rows (the position offset
   plus the tokens times --cp SIZE); a --packed total or list adds up to the shape's B x N tokens.
@@ -48,7 +54,9 @@ Examples:
   rope-bench --backend cuda-optimized --shape 1,32,32768,128 --kv-heads 8 --dtype bf16 --packed 1..8192:32768 --runs 3
   rope-bench --backend cuda-optimized --op append --shape 64,32,1,128 --kv-heads 8 --dtype bf16 --graph
   rope-bench --backend cuda-optimized --op qknorm --layout thd --shape 64,32,1,128 --kv-heads 8 --dtype bf16 --graph
+  rope-bench --backend cuda-optimized --op rerotate --shape 1,8,32768,128 --layout bshd --dtype bf16
 )";
+static_assert(kRerotateShift == 1024, "kFooter states --op rerotate's shift: update it with the constant");
 
 // A comma-separated list of non-negative integers, e.g. "1,32,4096,128".
 std::vector<int64_t> parse_integers(const std::string& text, const std::string& option) {
@@ -144,7 +152,7 @@ Options parse_options(int argc, const char* const* argv) {
         ->check(CLI::IsMember(backend_names));
     app.add_option("--shape", shape_texts, "B,H,N,D: batch, q heads, tokens per sequence, head_dim "
                                            "(repeatable; default 1,32,4096,128)");
-    app.add_option("--kv-heads", options.kv_heads, "k heads (default: as q; 0 rotates q only)")
+    app.add_option("--kv-heads", options.kv_heads, "k heads (default: as q; 0 rotates q only; --op rerotate: 0)")
         ->check(within(0, kMaxHeads));
     app.add_option("--dtype", dtype, "storage type: fp32, bf16 or fp16 (default fp32)")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
@@ -191,9 +199,11 @@ Options parse_options(int argc, const char* const* argv) {
         ->excludes("--axial");
     std::string rounding = "float32";
     std::string cache = "model";
-    CLI::Option* op_option = app.add_option("--op", options.op, "rope (default), append (RoPE + KV append) or "
-                                                             "qknorm (QK-RMSNorm + RoPE)")
-                                 ->check(CLI::IsMember({"rope", "append", "qknorm"}));
+    CLI::Option* op_option = app.add_option("--op", options.op,
+                                            "rope (default), append (RoPE + KV append), qknorm (QK-RMSNorm + RoPE) "
+                                            "or rerotate (keys moved back " + std::to_string(kRerotateShift) +
+                                                " positions)")
+                                 ->check(CLI::IsMember({"rope", "append", "qknorm", "rerotate"}));
     app.add_option("--page-size", options.page_size, "--op append: slots per cache page (default 16)")
         ->check(within(1, kMaxPageSize))
         ->needs(op_option);
@@ -238,6 +248,24 @@ Options parse_options(int argc, const char* const* argv) {
         if (cp.first > 1)
             throw UsageError("--cp: --op append measures unsharded sequences only");
         options.layout = rope::Layout::thd;
+    }
+    if (options.op == "rerotate") {  // Keys alone, at the plain positions: a window shift (see kFooter).
+        const std::string op = ": --op rerotate ";
+        if (options.kv_heads > 0)
+            throw UsageError("--kv-heads " + std::to_string(options.kv_heads) + op +
+                             "takes no q: the shape's H heads are the keys (leave --kv-heads out, or give 0)");
+        const std::string plain = "measures the plain positions only (keys moved from P+" +
+                                  std::to_string(kRerotateShift) + ", ... to P, ...)";
+        if (options.ids) throw UsageError("--ids" + op + plain);
+        if (!mrope.empty()) throw UsageError("--mrope " + mrope + op + plain);
+        if (!axial.empty()) throw UsageError("--axial" + op + plain);
+        if (!packed_spec.empty()) throw UsageError("--packed " + packed_spec + op + plain);
+        if (cp.first > 1)
+            throw UsageError("--cp " + std::to_string(cp.first) + "," + std::to_string(cp.second) + op + plain);
+        if (options.table)
+            throw UsageError("--table" + op + "takes no cos/sin table: rope::rerotate refuses one (a table holds "
+                             "cos and sin of float32 angles, whose difference would not be formed before rounding)");
+        options.kv_heads = 0;  // The set is the keys alone: the form's q tensor, and no k.
     }
     options.rounding = rope::parse_qk_norm_rounding(rounding);
     if (rounding_option->count() > 0 && options.op != "qknorm")

@@ -31,6 +31,12 @@ constexpr int64_t kMaxPageSize = int64_t(1) << 16;     ///< --page-size.
 constexpr int64_t kMaxContext = int64_t(1) << 20;      ///< --context: tokens already cached per sequence.
 /// @}
 
+/// @brief --op rerotate: how far the keys move back, in positions (from P + shift, ... to P, ...), as a window
+/// shift after an eviction (StreamingLLM) moves them. Not a knob: the call's work does not depend on the
+/// distance (one rotation by the angle difference on the precise angle path, whatever the difference), so one
+/// shift stands for all; a power of two, so that it is a whole number of pages of any power-of-two page size.
+constexpr int64_t kRerotateShift = 1024;
+
 /// @brief One --shape B,H,N,D: batch, q heads, tokens per sequence, head_dim (thd: B x N packed tokens).
 struct Shape {
     int64_t batch = 1, heads = 32, seq = 4096, head_dim = 128;
@@ -56,7 +62,7 @@ struct PackedLengths {
 struct Options {
     std::vector<std::string> backends;  ///< Registered names; "all" expanded (default: all).
     std::vector<Shape> shapes;          ///< Default: one Shape{}.
-    int64_t kv_heads = -1;              ///< k heads; -1: as many as q; 0: rotate q only.
+    int64_t kv_heads = -1;              ///< k heads; -1: as many as q; 0: rotate q only (--op rerotate: always 0).
     rope::DType dtype = rope::DType::f32;
     rope::Style style = rope::Style::half_split;
     rope::Layout layout = rope::Layout::bhsd;  ///< thd when --packed is given without --layout.
@@ -79,8 +85,9 @@ struct Options {
     bool table = false;                 ///< --table: a caller's cos/sin table (RopeArgs::cos_sin_cache).
     bool ids = false;                   ///< --ids: the plain positions as an int64 ids tensor in memory.
     std::string format = "table";       ///< table or csv.
-    /// --op: rope (the RoPE call), append (RoPE + KV append: the fused call, the unfused pair, their ceiling)
-    /// or qknorm (QK-RMSNorm + RoPE: the fused call, the unfused steps).
+    /// --op: rope (the RoPE call), append (RoPE + KV append: the fused call, the unfused pair, their ceiling),
+    /// qknorm (QK-RMSNorm + RoPE: the fused call, the unfused steps) or rerotate (rope::rerotate of keys: the
+    /// shape's H heads, kRerotateShift positions back).
     std::string op = "rope";
     int64_t page_size = 16;             ///< --op append: slots per cache page.
     int64_t context = 2048;             ///< --op append: each sequence's cached tokens drawn from [0, context).

@@ -50,6 +50,14 @@ TEST_CASE("defaults, and options read as written") {
     const rope_bench::Options qk = parse({"--op", "qknorm", "--rounding", "hf_qwen3"});
     CHECK((qk.op == "qknorm" && qk.rounding == rope::QkNormRounding::hf_qwen3));
     CHECK((parse({}).op == "rope" && parse({"--op", "qknorm"}).rounding == rope::QkNormRounding::float32));
+    // --op rerotate: the shape's heads are the keys, so the set holds no k heads (kv_heads 0, given or not).
+    const rope_bench::Options rerotate =
+        parse({"--op", "rerotate", "--shape", "1,8,512,128", "--layout", "bshd", "--dtype", "bf16", "--placement",
+               "out", "--position-offset", "4096"});
+    CHECK((rerotate.op == "rerotate" && rerotate.kv_heads == 0 && rerotate.layout == rope::Layout::bshd));
+    CHECK((!rerotate.in_place && rerotate.position_offset == 4096 && rerotate.dtype == rope::DType::bf16));
+    CHECK(parse({"--op", "rerotate", "--kv-heads", "0"}).kv_heads == 0);
+    CHECK(parse({"--op", "rerotate", "--layout", "thd"}).layout == rope::Layout::thd);
 }
 
 // Every option with a number or a name: accepted at its bounds (options.hpp), refused beyond them at once, the
@@ -118,6 +126,19 @@ TEST_CASE("the table of accepted and refused options") {
         {{"--rounding", "hf_qwen3"}, "--rounding requires --op"},
         {{"--op", "rope", "--rounding", "hf_qwen3"}, "--rounding hf_qwen3: only with --op qknorm, got --op rope"},
         {{"--op", "append", "--rounding", "float32"}, "--rounding float32: only with --op qknorm, got --op append"},
+        {{"--op", "rerotate", "--shape", "8,8,4096,128", "--layout", "bshd", "--graph", "--precise"}, ""},
+        {{"--op", "rerotate", "--kv-heads", "8"}, "--kv-heads 8: --op rerotate takes no q: the shape's H heads are"},
+        {{"--op", "rerotate", "--ids"}, "--ids: --op rerotate measures the plain positions only"},
+        {{"--op", "rerotate", "--mrope", "contiguous"}, "--mrope contiguous: --op rerotate measures the plain"},
+        {{"--op", "rerotate", "--axial", "32,32"}, "--axial: --op rerotate measures the plain positions only"},
+        {{"--op", "rerotate", "--packed", "1..64:4096"}, "--packed 1..64:4096: --op rerotate measures the plain"},
+        {{"--op", "rerotate", "--cp", "2,1"}, "--cp 2,1: --op rerotate measures the plain positions only"},
+        {{"--op", "rerotate", "--cp", "1,0"}, ""},  // One rank: no split.
+        {{"--op", "rerotate", "--table"}, "--table: --op rerotate takes no cos/sin table: rope::rerotate refuses"},
+        {{"--op", "rerotate", "--rounding", "float32"}, "--rounding float32: only with --op qknorm, got --op rerotate"},
+        // Sized as the keys alone: 2^34 elements of keys are accepted (as q and k of 2^34 are for --op rope).
+        {{"--op", "rerotate", "--shape", "1,64,2097152,128"}, ""},
+        {{"--op", "rerotate", "--shape", "1,65,2097152,128"}, "q and k hold more than 17179869184 elements"},
     };
     for (const auto& [arguments, refusal] : table) {
         std::string line;
@@ -160,6 +181,13 @@ TEST_CASE("make_form: geometry, ids and table of each form") {
         const rope_bench::Form form = rope_bench::make_form(parse({}), shape, 4);
         CHECK(form.name == "plain");
         CHECK(form.elements() == 64 * 8 * 128);
+    }
+    SUBCASE("rerotate: the set is the shape's heads alone (the keys), at the plain positions") {
+        const rope_bench::Options options = parse({"--op", "rerotate", "--position-offset", "10"});
+        const rope_bench::Form form = rope_bench::make_form(options, shape, options.kv_heads);
+        CHECK(form.name == "plain");
+        CHECK((form.q_heads == 4 && form.k_heads == 0 && form.offset == 10));
+        CHECK(form.elements() == 64 * 4 * 128);
     }
     SUBCASE("packed: a thd tensor whose cu_seqlens total the tokens") {
         const rope_bench::Form form = rope_bench::make_form(parse({"--packed", "1..20", "--cp", "2,1"}), shape, 2);

@@ -30,7 +30,7 @@ struct Row {
     double bytes = 0;       ///< Bytes one call moves: q and k read once and written once.
     Summary summary;        ///< The measurement, when it ran.
     /// rope; append (RoPE + KV append, fused) or append-unfused (RoPE, then a scatter); qknorm (QK-RMSNorm +
-    /// RoPE, fused) or qknorm-unfused (RMSNorm of q and of k, then RoPE).
+    /// RoPE, fused) or qknorm-unfused (RMSNorm of q and of k, then RoPE); rerotate (rope::rerotate of keys).
     std::string op = "rope";
     std::string cache_dtype;  ///< --op append: what the KV caches store (model, e4m3fn, e5m2); else empty.
 };

@@ -7,6 +7,7 @@
 
 #include "rope/detail/kv_append_plan.hpp"
 #include "rope/detail/plan.hpp"
+#include "rope/detail/rerotate_plan.hpp"
 #include "rope/error.hpp"
 
 namespace rope {
@@ -38,8 +39,10 @@ FrequencyTable agreed_frequencies(const RopeConfig& config, const detail::Positi
     return at_to;
 }
 
+}  // namespace
+
 // The plan of a re-rotation of args.k (checked as rope::apply checks its keys).
-Plan rerotate_plan(Backend& backend, const RopeConfig& config, const RerotateArgs& args) {
+Plan detail::make_rerotate_plan(const RopeConfig& config, const RerotateArgs& args, Device device) {
     validate(config);
     const Geometry k = args.k.geometry();
     if (k.head_dim != config.head_dim)
@@ -59,12 +62,12 @@ Plan rerotate_plan(Backend& backend, const RopeConfig& config, const RerotateArg
     call.k_out = args.k_out;
     call.positions = args.to;
     call.stream = args.stream;
-    Plan plan = detail::make_plan(precise, call, backend.device(), nullptr, "to");
+    Plan plan = detail::make_plan(precise, call, device, nullptr, "to");
     const detail::PositionFacts from =
-        detail::check_positions("from", args.from, k.batch, k.seq, backend.device(), precise, false);
+        detail::check_positions("from", args.from, k.batch, k.seq, device, precise, false);
     if (!plan.empty() && length_dependent(config.scaling.type)) {
         const detail::PositionFacts to =
-            detail::check_positions("to", args.to, k.batch, k.seq, backend.device(), precise, false);
+            detail::check_positions("to", args.to, k.batch, k.seq, device, precise, false);
         const FrequencyTable frequencies = agreed_frequencies(precise, from, to);
         plan.angles.inv_freq = frequencies.inv_freq;
         plan.angles.inv_freq_low = frequencies.inv_freq_low;
@@ -76,10 +79,8 @@ Plan rerotate_plan(Backend& backend, const RopeConfig& config, const RerotateArg
     return plan;
 }
 
-}  // namespace
-
 void rerotate(Backend& backend, const RopeConfig& config, const RerotateArgs& args) {
-    detail::run_plan(backend, rerotate_plan(backend, config, args));
+    detail::run_plan(backend, detail::make_rerotate_plan(config, args, backend.device()));
 }
 
 // The cache's re-rotation is planned as rope::rerotate of a [T, heads, head_dim]
@@ -119,7 +120,8 @@ void rerotate_cache(Backend& backend, const RopeConfig& config, const RerotateCa
     const TensorView stand_in = TensorView::contiguous(cache.data, args.dtype, device, Layout::thd,
                                                        {entries, cache.heads, config.head_dim, 1});
     KvAppendPlan plan;
-    plan.rope = rerotate_plan(backend, config, RerotateArgs{stand_in, stand_in, args.from, args.to, args.stream});
+    plan.rope = detail::make_rerotate_plan(config, RerotateArgs{stand_in, stand_in, args.from, args.to, args.stream},
+                                           device);
     plan.slots = slots.slots;
     plan.slot_count = entries;
     plan.page_size = cache.page_size;
