@@ -27,6 +27,20 @@ __global__ void convert(const float* values, int64_t count, float scale, uint8_t
     }
 }
 
+// Fp8Quantizer::quantize4 as the append kernel calls it: four values a thread, one word of codes.
+__global__ void quantize(const float* values, int64_t count, float scale, uint8_t* e4m3fn, uint8_t* e5m2) {
+    const int64_t first = 4 * (int64_t(blockIdx.x) * blockDim.x + threadIdx.x);
+    if (first >= count) return;
+    float four[4];
+    for (int i = 0; i < 4; ++i) four[i] = first + i < count ? values[first + i] : 0.0f;
+    const uint32_t codes[2] = {rope::Fp8Quantizer<rope::Fp8Format::e4m3fn>(scale).quantize4(four),
+                               rope::Fp8Quantizer<rope::Fp8Format::e5m2>(scale).quantize4(four)};
+    for (int i = 0; i < 4 && first + i < count; ++i) {
+        e4m3fn[first + i] = uint8_t(codes[0] >> (8 * i));
+        e5m2[first + i] = uint8_t(codes[1] >> (8 * i));
+    }
+}
+
 // Device memory freed with the object.
 struct DeviceArray {
     void* data = nullptr;
@@ -40,7 +54,7 @@ struct DeviceArray {
 
 Fp8DeviceResults fp8_on_device(const std::vector<float>& values, float scale) {
     const size_t count = values.size();
-    DeviceArray in(count * sizeof(float)), codes(4 * count), decoded(2 * 256 * sizeof(float));
+    DeviceArray in(count * sizeof(float)), codes(6 * count), decoded(2 * 256 * sizeof(float));
     rope::check_cuda(cudaMemcpy(in.data, values.data(), count * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
     auto* code_bytes = static_cast<uint8_t*>(codes.data);
     auto* decoded_floats = static_cast<float*>(decoded.data);
@@ -49,13 +63,22 @@ Fp8DeviceResults fp8_on_device(const std::vector<float>& values, float scale) {
                                                       code_bytes, code_bytes + count, code_bytes + 2 * count,
                                                       code_bytes + 3 * count, decoded_floats, decoded_floats + 256);
     rope::check_cuda(cudaGetLastError(), "convert<<<>>>");
-    Fp8DeviceResults results{std::vector<uint8_t>(count), std::vector<uint8_t>(count), std::vector<uint8_t>(count),
-                             std::vector<uint8_t>(count), std::vector<float>(256), std::vector<float>(256)};
-    std::vector<uint8_t>* outputs[] = {&results.e4m3fn, &results.e5m2, &results.e4m3fn_quantized,
-                                       &results.e5m2_quantized};
-    for (int k = 0; k < 4; ++k)
+    const size_t quads = (count + 3) / 4;
+    quantize<<<unsigned((quads + 255) / 256 + (quads == 0)), 256>>>(static_cast<const float*>(in.data),
+                                                                       int64_t(count), scale, code_bytes + 4 * count,
+                                                                       code_bytes + 5 * count);
+    rope::check_cuda(cudaGetLastError(), "quantize<<<>>>");
+    Fp8DeviceResults results;
+    std::vector<uint8_t>* outputs[] = {&results.e4m3fn,         &results.e5m2,
+                                       &results.e4m3fn_quantized, &results.e5m2_quantized,
+                                       &results.e4m3fn_quantizer, &results.e5m2_quantizer};
+    results.e4m3fn_decoded.resize(256);
+    results.e5m2_decoded.resize(256);
+    for (int k = 0; k < 6; ++k) {
+        outputs[k]->resize(count);
         rope::check_cuda(cudaMemcpy(outputs[k]->data(), code_bytes + k * count, count, cudaMemcpyDeviceToHost),
                          "cudaMemcpy");
+    }
     rope::check_cuda(cudaMemcpy(results.e4m3fn_decoded.data(), decoded_floats, 256 * sizeof(float),
                                 cudaMemcpyDeviceToHost), "cudaMemcpy");
     rope::check_cuda(cudaMemcpy(results.e5m2_decoded.data(), decoded_floats + 256, 256 * sizeof(float),

@@ -2,8 +2,9 @@
 // (fp8_reference.hpp): every code decoded; float32 bit patterns near every
 // code value and every rounding midpoint, the saturation boundaries, infinities,
 // NaNs, zeros, subnormals of both formats and random patterns converted; the
-// quantisation's division by the scale; and the same conversions on the GPU,
-// which must give the host's bits.
+// quantisation's division by the scale, and Fp8Quantizer's division-free path to
+// the same codes; and the same conversions on the GPU, which must give the host's
+// bits.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -219,6 +220,72 @@ TEST_CASE("fp8: quantize_fp8 divides by the dequantisation scale, rounding once"
     }
 }
 
+// Scales of every kind the quantizer splits: ordinary ones, powers of two, the ends of
+// the normal range, subnormals (made normal by its exact scaling) and random bit patterns.
+std::vector<float> quantizer_scales(std::mt19937_64& rng) {
+    std::vector<float> scales = {1.0f, 0.5f, 3.0f, 1.0f / 3.0f, 1e-3f, 7.1f, 0.0123f, 448.0f / 17.0f,
+                                 std::numeric_limits<float>::max(), std::numeric_limits<float>::min(),
+                                 std::numeric_limits<float>::denorm_min(), float_of(0x00400001u),
+                                 float_of(0x7effffffu), float_of(0x3fffffffu), float_of(0x3f800001u)};
+    std::uniform_int_distribution<uint32_t> finite(1, 0x7f7fffffu);
+    for (int i = 0; i < 40; ++i) scales.push_back(float_of(finite(rng)));
+    return scales;
+}
+
+TEST_CASE("fp8: Fp8Quantizer's quotient is IEEE division's, its codes quantize_fp8's") {
+    CAPTURE(testing::seed());
+    std::mt19937_64 rng(testing::seed() + 2);
+    std::uniform_int_distribution<uint32_t> any_bits;
+    for (float scale : quantizer_scales(rng)) {
+        CAPTURE(scale);
+        const rope::Fp8Quantizer<Fp8Format::e4m3fn> e4m3fn(scale);
+        const rope::Fp8Quantizer<Fp8Format::e5m2> e5m2(scale);
+        // Values whose quotients land near every boundary of both formats, and random patterns.
+        std::vector<float> values;
+        for (Fp8Format format : formats) {
+            const std::vector<float> quotients = boundary_patterns(format);
+            for (size_t i = 0; i < quotients.size(); i += 5) values.push_back(quotients[i] * scale);
+        }
+        for (int i = 0; i < 20000; ++i) values.push_back(float_of(any_bits(rng)));
+        for (float special : {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(), std::nanf(""), -std::nanf("")})
+            values.push_back(special);
+        int wrong_quotients = 0, wrong_codes = 0;
+        for (float value : values) {
+            // The quotient itself, where it decides the code: 2^-100 to 2^63.
+            const float quotient = std::fabs(value) / scale;
+            if (quotient >= 0x1p-100f && quotient <= 0x1p63f &&
+                bits_of(e4m3fn.magnitude_quotient(value)) != bits_of(quotient) && ++wrong_quotients <= 10)
+                FAIL_CHECK("value " << value << ": quotient " << e4m3fn.magnitude_quotient(value) << ", want "
+                                    << quotient);
+            float four[4] = {value, -value, value * 0.75f, value};
+            const uint32_t codes = e4m3fn.quantize4(four);
+            for (int i = 0; i < 4; ++i) {
+                const bool same = e4m3fn.quantize(four[i]) == rope::quantize_fp8(four[i], scale, Fp8Format::e4m3fn) &&
+                                  e5m2.quantize(four[i]) == rope::quantize_fp8(four[i], scale, Fp8Format::e5m2) &&
+                                  ((codes >> (8 * i)) & 0xffu) == e4m3fn.quantize(four[i]);
+                if (!same && ++wrong_codes <= 10) FAIL_CHECK("value " << four[i] << ": the codes differ");
+            }
+        }
+        CHECK(wrong_quotients == 0);
+        CHECK(wrong_codes == 0);
+    }
+}
+
+TEST_CASE("fp8: a scale that is not positive and finite gives the NaN code") {
+    const float inf = std::numeric_limits<float>::infinity();
+    for (float scale : {0.0f, -0.0f, -1.0f, inf, -inf, std::nanf("")}) {
+        CAPTURE(scale);
+        for (float value : {1.0f, -2.5f, 0.0f, 1e30f}) {
+            const uint8_t sign = value < 0 ? 0x80 : 0x00;
+            CHECK(rope::quantize_fp8(value, scale, Fp8Format::e4m3fn) == (0x7f | sign));
+            CHECK(rope::quantize_fp8(value, scale, Fp8Format::e5m2) == (0x7e | sign));
+            CHECK(rope::Fp8Quantizer<Fp8Format::e4m3fn>(scale).quantize(value) == (0x7f | sign));
+            CHECK(rope::Fp8Quantizer<Fp8Format::e5m2>(scale).quantize(value) == (0x7e | sign));
+        }
+    }
+}
+
 TEST_CASE("fp8: format names") {
     CHECK(rope::parse_fp8_format("e4m3fn") == Fp8Format::e4m3fn);
     CHECK(rope::parse_fp8_format("float8_e5m2") == Fp8Format::e5m2);
@@ -242,18 +309,25 @@ TEST_CASE("CUDA: fp8 conversions on the GPU give the host's bits") {
         std::vector<float> values = boundary_patterns(format);
         std::mt19937_64 rng(testing::seed());
         for (int i = 0; i < 100000; ++i) values.push_back(float_of(uint32_t(rng())));
-        for (float scale : {1.0f, 3.0f, 7.1f}) {
+        std::vector<float> scales = {1.0f, 3.0f, 7.1f, 0.0f, -1.0f, std::nanf("")};  // Invalid ones too: NaN codes.
+        for (float scale : quantizer_scales(rng)) scales.push_back(scale);
+        for (float scale : scales) {
             CAPTURE(scale);
-            const testing::cuda::Fp8DeviceResults device = testing::cuda::fp8_on_device(values, scale);
+            // The quotients of the boundary patterns, as values: every rounding boundary, scaled.
+            std::vector<float> scaled = values;
+            for (float quotient : boundary_patterns(format)) scaled.push_back(quotient * scale);
+            const testing::cuda::Fp8DeviceResults device = testing::cuda::fp8_on_device(scaled, scale);
             int mismatches = 0;
-            for (size_t i = 0; i < values.size(); ++i) {
-                const float value = values[i];
+            for (size_t i = 0; i < scaled.size(); ++i) {
+                const float value = scaled[i];
+                const uint8_t e4m3fn = rope::quantize_fp8(value, scale, Fp8Format::e4m3fn);
+                const uint8_t e5m2 = rope::quantize_fp8(value, scale, Fp8Format::e5m2);
                 const bool same = device.e4m3fn[i] == rope::float_to_e4m3fn(value) &&
                                   device.e5m2[i] == rope::float_to_e5m2(value) &&
-                                  device.e4m3fn_quantized[i] == rope::quantize_fp8(value, scale, Fp8Format::e4m3fn) &&
-                                  device.e5m2_quantized[i] == rope::quantize_fp8(value, scale, Fp8Format::e5m2);
+                                  device.e4m3fn_quantized[i] == e4m3fn && device.e5m2_quantized[i] == e5m2 &&
+                                  device.e4m3fn_quantizer[i] == e4m3fn && device.e5m2_quantizer[i] == e5m2;
                 if (!same && ++mismatches <= 10)
-                    FAIL_CHECK("float bits 0x" << std::hex << bits_of(values[i]) << ": the GPU's codes differ");
+                    FAIL_CHECK("float bits 0x" << std::hex << bits_of(scaled[i]) << ": the GPU's codes differ");
             }
             CHECK(mismatches == 0);
             for (int code = 0; code < 256; ++code) {

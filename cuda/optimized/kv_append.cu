@@ -33,7 +33,10 @@
 // The rotated k row reaches the k cache from registers: a model-dtype cache
 // receives exactly the bits written to k_out; an FP8 cache receives
 // quantize_fp8 of the float32 rotated value, never first rounded to the model
-// dtype (rope/fp8.hpp). The angle is the token's position, never its slot. A
+// dtype, computed by Fp8Quantizer (rope/fp8.hpp): the same codes, with the
+// division by the row's scale set up once per row instead of once per value,
+// which kept a dozen instructions and a slow-path branch beside every element
+// written. The angle is the token's position, never its slot. A
 // slot outside [0, slot_limit) writes nothing: padding, or a device slot that
 // validation could not read. All offsets are int64.
 #include <cuda_runtime_api.h>
@@ -143,6 +146,26 @@ __device__ inline float cache_scale(const CacheTarget& cache, int64_t head) {
     return kCache == CacheDType::model ? 1.0f : cache.scale_of(head);
 }
 
+/// What quantises a row's values into a cache of type kCache: the Fp8Quantizer of the
+/// row's scale (rope/fp8.hpp: the codes of quantize_fp8 without a division per value),
+/// set up once per row; nothing for a model-dtype cache.
+template <CacheDType kCache>
+struct QuantizerOf {
+    struct type {
+        __device__ explicit type(float) {}
+    };
+};
+template <>
+struct QuantizerOf<CacheDType::e4m3fn> {
+    using type = Fp8Quantizer<Fp8Format::e4m3fn>;
+};
+template <>
+struct QuantizerOf<CacheDType::e5m2> {
+    using type = Fp8Quantizer<Fp8Format::e5m2>;
+};
+template <CacheDType kCache>
+using Quantizer = typename QuantizerOf<kCache>::type;
+
 /// Rotates the pairs of a chunk's two runs in float32; the result stays in
 /// float32, in feature order, for k_out (rounded) and an FP8 cache (quantised).
 /// The pairs of slot p are those of VectorPath::rotate (vector_layout.hpp).
@@ -180,13 +203,12 @@ __device__ inline Vector16<Storage> round_run(const float (&value)[Vector16<Stor
 
 /// Writes a run of FP8 codes of @p value (4 or 8 bytes: one store).
 template <CacheDType kCache, int kWidth>
-__device__ inline void store_fp8_run(const CacheTarget& cache, int64_t offset, float scale,
+__device__ inline void store_fp8_run(const CacheTarget& cache, int64_t offset, const Quantizer<kCache>& quantizer,
                                      const float (&value)[kWidth]) {
     static_assert(kWidth == 4 || kWidth == 8, "a 16-byte run holds 4 fp32 or 8 fp16/bf16 values");
-    constexpr Fp8Format format = kCache == CacheDType::e4m3fn ? Fp8Format::e4m3fn : Fp8Format::e5m2;
-    uint32_t word[kWidth / 4] = {};
+    uint32_t word[kWidth / 4];
 #pragma unroll
-    for (int i = 0; i < kWidth; ++i) word[i / 4] |= uint32_t(quantize_fp8(value[i], scale, format)) << (8 * (i % 4));
+    for (int i = 0; i < kWidth / 4; ++i) word[i] = quantizer.quantize4(value + 4 * i);
     uint8_t* target = static_cast<uint8_t*>(cache.data) + offset;
     if constexpr (kWidth == 8)
         *reinterpret_cast<uint2*>(target) = make_uint2(word[0], word[1]);
@@ -198,18 +220,18 @@ __device__ inline void store_fp8_run(const CacheTarget& cache, int64_t offset, f
 /// model-dtype cache, FP8 codes of @p value (float32) into an FP8 one.
 /// @tparam kCache the caches' type.
 template <CacheDType kCache, typename Storage>
-__device__ inline void store_cache_run(const CacheTarget& cache, int64_t offset, float scale,
+__device__ inline void store_cache_run(const CacheTarget& cache, int64_t offset, const Quantizer<kCache>& quantizer,
                                        const Vector16<Storage>& stored,
                                        const float (&value)[Vector16<Storage>::kWidth]) {
     if constexpr (kCache == CacheDType::model)
         store16(static_cast<Storage*>(cache.data) + offset, stored);
     else
-        store_fp8_run<kCache>(cache, offset, scale, value);
+        store_fp8_run<kCache>(cache, offset, quantizer, value);
 }
 
 /// Writes a copied run (v, or pass-through features) into a cache.
 template <CacheDType kCache, typename Storage>
-__device__ inline void store_cache_copy(const CacheTarget& cache, int64_t offset, float scale,
+__device__ inline void store_cache_copy(const CacheTarget& cache, int64_t offset, const Quantizer<kCache>& quantizer,
                                         const Vector16<Storage>& stored) {
     if constexpr (kCache == CacheDType::model) {
         store16(static_cast<Storage*>(cache.data) + offset, stored);
@@ -217,7 +239,7 @@ __device__ inline void store_cache_copy(const CacheTarget& cache, int64_t offset
         float value[Vector16<Storage>::kWidth];
 #pragma unroll
         for (int i = 0; i < Vector16<Storage>::kWidth; ++i) value[i] = to_float(stored.value[i]);
-        store_fp8_run<kCache>(cache, offset, scale, value);
+        store_fp8_run<kCache>(cache, offset, quantizer, value);
     }
 }
 
@@ -275,8 +297,9 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                 if (row < args.q_heads || target.slot < 0) continue;
                 const int64_t head = row - args.q_heads;
                 const int64_t cache_row = target.k_row + head * args.k_cache.stride_head;
-                store_cache_run<kCache>(args.k_cache, cache_row + first_feature, scale[u], stored[0], value[0]);
-                store_cache_run<kCache>(args.k_cache, cache_row + second_feature, scale[u], stored[1], value[1]);
+                const Quantizer<kCache> quantizer(scale[u]);
+                store_cache_run<kCache>(args.k_cache, cache_row + first_feature, quantizer, stored[0], value[0]);
+                store_cache_run<kCache>(args.k_cache, cache_row + second_feature, quantizer, stored[1], value[1]);
             }
         } else {  // Partial rotary: a run of pass-through features, copied to the output and the cache.
             const int64_t feature = args.rotary_dim + (chunk - args.rotary_chunks) * kWidth;
@@ -293,7 +316,7 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                 if (!cached) continue;
                 const int64_t head = row - args.q_heads;
                 store_cache_copy<kCache>(args.k_cache, target.k_row + head * args.k_cache.stride_head + feature,
-                                       cache_scale<kCache>(args.k_cache, head), data);
+                                         Quantizer<kCache>(cache_scale<kCache>(args.k_cache, head)), data);
             }
         }
     }
@@ -330,11 +353,12 @@ __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t to
             if (u >= count) continue;
             const int64_t head = head_of(u);
             const int64_t cache_row = target.v_row + head * args.v_cache.stride_head;
+            const Quantizer<kCache> quantizer(scale[u]);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int64_t run = first + r * int64_t(blockDim.x);
                 if (run < args.v_runs)
-                    store_cache_copy<kCache>(args.v_cache, cache_row + run * kWidth, scale[u], data[u][r]);
+                    store_cache_copy<kCache>(args.v_cache, cache_row + run * kWidth, quantizer, data[u][r]);
             }
         }
     }

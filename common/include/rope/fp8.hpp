@@ -34,6 +34,7 @@
 /// not a power of two, x / scale and x * (1 / scale) can round to different
 /// float32 values, and so to different FP8 codes.
 
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 
@@ -223,18 +224,166 @@ ROPE_HOST_DEVICE inline float fp8_to_float(uint8_t code, Fp8Format format) {
 /// here, knowing that x / s and x * (1 / s) round differently when s is not a
 /// power of two. The division is IEEE-rounded on the host and on the GPU (nvcc's
 /// default -prec-div=true; rope is never built with fast math). The caller
-/// checks that @p scale is positive and finite (a zero scale gives +-max, or NaN
-/// for a zero value: no undefined behaviour).
+/// checks that @p scale is positive and finite; any other scale (zero, negative,
+/// infinite, NaN: a scale in GPU memory that no validation could read) gives the
+/// NaN code, so that such a cache is visibly wrong, the same way on every backend.
 /// @param value the float32 value (rope's rotated result, never first rounded to the model's dtype).
 /// @param scale the dequantisation scale.
 /// @param format the FP8 format.
 /// @return float_to_fp8(value / scale, format); a NaN quotient gives the NaN code with the sign of @p value.
 ROPE_HOST_DEVICE inline uint8_t quantize_fp8(float value, float scale, Fp8Format format) {
+    const uint32_t nan_code = format == Fp8Format::e4m3fn ? 0x7fu : 0x7eu;
+    if (!(scale > 0.0f && scale <= 3.40282347e38f)) return detail::signed_nan_code(value, nan_code);
     const float quotient = value / scale;
     // A NaN quotient keeps the sign of the value: a CPU carries a NaN operand's sign through the
     // division, a GPU returns its own positive NaN, and every backend must write the same code.
     const uint8_t code = float_to_fp8(quotient, format);
-    return quotient == quotient ? code : detail::signed_nan_code(value, format == Fp8Format::e4m3fn ? 0x7fu : 0x7eu);
+    return quotient == quotient ? code : detail::signed_nan_code(value, nan_code);
 }
+
+/// @brief quantize_fp8() of many values by one scale, with the same codes, for
+/// the GPU's cache writes: no division per value.
+///
+/// An FP8 cache write divides every k and v element by its scale, and on a GPU an
+/// IEEE float32 division is a dozen instructions with a branch to a slow path
+/// beside each, which an append kernel unrolled over its rows repeats hundreds of
+/// times. This class does the division's work once per scale and leaves each value
+/// a few multiplications and fused multiply-adds, whose quotient is the IEEE
+/// division's, bit for bit, wherever the code depends on it:
+///  - the scale is split once into 2^e · m with m in [1, 2), exactly (its
+///    exponent and significand bits), and y = 1/m is rounded once;
+///  - a value's magnitude x = |value| · 2^-e is two exact multiplications (two,
+///    because 2^-e alone may not be a float), bounded by 2^64, where every
+///    quotient saturates anyway; NaN stays NaN;
+///  - x / m is Markstein's division: q = x · y, then twice q += (x - q · m) · y,
+///    each remainder and each step one fused multiply-add. The first step makes
+///    q within one ulp of x / m; from such a q, with y within half an ulp of 1/m,
+///    the remainder is exact and the second step rounds the exact quotient
+///    correctly (Markstein's theorem), as long as x is a normal float well above
+///    the subnormals. A smaller x has a quotient below 2^-100, which is code 0
+///    either way;
+///  - the code takes the value's sign bit: -0, tiny negatives and NaN's sign come
+///    out as quantize_fp8() gives them.
+///
+/// tests/fp8_test.cpp checks the quotient against IEEE division and the codes
+/// against quantize_fp8() on the host (where std::fma computes the same fused
+/// steps), and on the GPU, near every rounding boundary and for scales from the
+/// subnormals to the largest float. A scale that is not positive and finite gives
+/// the NaN code, as in quantize_fp8().
+/// @tparam Format the FP8 format.
+template <Fp8Format Format>
+class Fp8Quantizer {
+  public:
+    /// @brief Splits @p scale (see the class).
+    /// @param scale the dequantisation scale (value ~= fp8 * scale).
+    ROPE_HOST_DEVICE explicit Fp8Quantizer(float scale) {
+        const bool valid = scale > 0.0f && scale <= 3.40282347e38f;
+        uint32_t bits = float_bits(valid ? scale : 1.0f);
+        int exponent_offset = 0;
+        if ((bits >> 23) == 0) {  // A subnormal scale: made normal by an exact scaling by 2^64.
+            bits = float_bits(bits_to_float(bits) * 18446744073709551616.0f);
+            exponent_offset = 64;
+        }
+        const int exponent = int(bits >> 23) - 127 - exponent_offset;  // scale = 2^exponent * significand_
+        significand_ = bits_to_float((bits & 0x7fffffu) | 0x3f800000u);
+        reciprocal_ = reciprocal(significand_);
+        const int shift = -exponent;  // -149 .. 127; each half a float's exponent.
+        const int first = shift / 2;
+        first_factor_ = valid ? bits_to_float(uint32_t(first + 127) << 23) : bits_to_float(0x7fc00000u);
+        second_factor_ = bits_to_float(uint32_t(shift - first + 127) << 23);
+    }
+
+    /// @brief |value| / scale, rounded as IEEE float32 division rounds it, where
+    /// that decides the code: for quotients from 2^-100 to 2^63. Below, a value
+    /// under 2^-100 (code 0); above, up to 2^64 (the largest code); NaN for NaN.
+    /// @param value the value.
+    /// @return the quotient's magnitude.
+    ROPE_HOST_DEVICE float magnitude_quotient(float value) const {
+        const float x = bound(fabsf(value) * first_factor_ * second_factor_);
+        float q = x * reciprocal_;
+        q = fused(fused(-q, significand_, x), reciprocal_, q);
+        return fused(fused(-q, significand_, x), reciprocal_, q);
+    }
+
+    /// @brief quantize_fp8(value, scale, Format).
+    /// @param value the float32 value.
+    /// @return its code.
+    ROPE_HOST_DEVICE uint8_t quantize(float value) const {
+        const uint32_t magnitude_code = float_to_fp8(magnitude_quotient(value), Format) & 0x7fu;
+        return uint8_t(magnitude_code | ((float_bits(value) >> 24) & 0x80u));
+    }
+
+    /// @brief quantize_fp8() of four values: value i's code in byte i (one 32-bit store).
+    /// @param values the float32 values.
+    /// @return the four codes.
+    ROPE_HOST_DEVICE uint32_t quantize4(const float* values) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+        // Two values per conversion instruction, then the signs' bits in one merge.
+        constexpr __nv_fp8_interpretation_t kind = Format == Fp8Format::e4m3fn ? __NV_E4M3 : __NV_E5M2;
+        const uint32_t low = __nv_cvt_float2_to_fp8x2(
+            make_float2(magnitude_quotient(values[0]), magnitude_quotient(values[1])), __NV_SATFINITE, kind);
+        const uint32_t high = __nv_cvt_float2_to_fp8x2(
+            make_float2(magnitude_quotient(values[2]), magnitude_quotient(values[3])), __NV_SATFINITE, kind);
+        uint32_t codes = __byte_perm(low, high, 0x5410);
+        if constexpr (Format == Fp8Format::e5m2) codes = quiet_e5m2_nans(codes);
+        const uint32_t signs = __byte_perm(__byte_perm(float_bits(values[0]), float_bits(values[1]), 0x73),
+                                           __byte_perm(float_bits(values[2]), float_bits(values[3]), 0x73), 0x5410);
+        return (codes & 0x7f7f7f7fu) | (signs & 0x80808080u);
+#else
+        uint32_t codes = 0;
+        for (int i = 0; i < 4; ++i) codes |= uint32_t(quantize(values[i])) << (8 * i);
+        return codes;
+#endif
+    }
+
+  private:
+    /// a * b + c rounded once.
+    ROPE_HOST_DEVICE static float fused(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+        return fmaf(a, b, c);
+#else
+        return std::fma(a, b, c);
+#endif
+    }
+
+    /// 1 / m rounded once (m in [1, 2), so neither a subnormal nor a slow path is involved).
+    ROPE_HOST_DEVICE static float reciprocal(float significand) {
+#if defined(__CUDA_ARCH__)
+        return __frcp_rn(significand);
+#else
+        return 1.0f / significand;
+#endif
+    }
+
+    /// min(x, 2^64) for x >= 0, NaN kept (a plain fminf would turn NaN into the bound).
+    ROPE_HOST_DEVICE static float bound(float x) {
+        constexpr float kBound = 18446744073709551616.0f;  // 2^64: far past either format's saturation.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        float bounded;
+        asm("min.NaN.f32 %0, %1, %2;" : "=f"(bounded) : "f"(x), "f"(kBound));
+        return bounded;
+#else
+        return x == x && x > kBound ? kBound : x;
+#endif
+    }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    /// The conversion instruction's NaN in e5m2 is its own; rope's is the quiet 0x7e. With
+    /// saturation no finite code has an all-ones exponent, so those bytes are NaNs: their
+    /// significand bits become 10.
+    __device__ static uint32_t quiet_e5m2_nans(uint32_t codes) {
+        const uint32_t magnitude = codes & 0x7f7f7f7fu;
+        // Bit 2 of each byte: the AND of its exponent bits 2..6.
+        const uint32_t all_ones = magnitude & (magnitude >> 1) & (magnitude >> 2) & (magnitude >> 3) & (magnitude >> 4);
+        const uint32_t nan = (all_ones >> 2) & 0x01010101u;
+        return (codes & ~(nan * 3u)) | (nan << 1);
+    }
+#endif
+
+    float significand_;    ///< m: the scale's significand, in [1, 2).
+    float reciprocal_;     ///< 1 / m, rounded to nearest.
+    float first_factor_;   ///< 2^-e in two powers of two (NaN for an invalid scale).
+    float second_factor_;
+};
 
 }  // namespace rope

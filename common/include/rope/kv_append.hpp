@@ -66,7 +66,9 @@ struct PagedCache {
     int64_t stride_slot = 0;  ///< Elements between slots of a page.
     int64_t stride_head = 0;  ///< Elements between heads of a slot.
     /// FP8 caches only: dequantisation scales (value ~= fp8 * scale), float32,
-    /// finite and > 0; null for a model-dtype cache.
+    /// finite and > 0; null for a model-dtype cache. Scales in host memory are
+    /// checked; in GPU memory no validation reads them, and a scale that is not
+    /// finite and > 0 writes NaN codes (rope::quantize_fp8).
     const float* scale = nullptr;
     int64_t scale_count = 0;  ///< FP8: 1 (per tensor) or heads (per head); 0 for a model-dtype cache.
 
