@@ -253,6 +253,31 @@ int main(int argc, char** argv) {
     bugs.expect_caught(checks, !std::isfinite(non_saturating(beyond)) && saturating == 448.0f,
                        "a non-saturating FP8 cast: a non-finite cache value, caught by the check above (+-448)");
 
+    // How the GPU divides: every element written costs a division by the scale, and a float32 division
+    // is a dozen instructions on a GPU. rope::Fp8Quantizer (the optimised kernel's) splits the scale
+    // once per row into 2^e * m, m in [1, 2), and corrects x * (1 / m) twice with fused multiply-adds
+    // (Markstein's division): value / scale's codes, bit for bit. Multiplying by 1 / scale alone,
+    // FlashInfer's convention, rounds some quotients apart.
+    const rope::Fp8Quantizer<rope::Fp8Format::e4m3fn> quantizer(scale);
+    int swept = 0, same = 0, reciprocal_differs = 0;
+    // Values whose quotients land within 8 float32 steps of a midpoint between two neighbouring codes,
+    // where the rounding of the quotient decides the code.
+    for (int code = 0; code < 0x7e; ++code) {
+        const float midpoint = (rope::e4m3fn_to_float(uint8_t(code)) + rope::e4m3fn_to_float(uint8_t(code + 1))) / 2;
+        float value = midpoint * scale;
+        for (int step = 0; step < 8; ++step) value = std::nextafter(value, 0.0f);
+        for (int step = 0; step <= 16; ++step, value = std::nextafter(value, 1.0f)) {
+            const uint8_t want = rope::quantize_fp8(value, scale, rope::Fp8Format::e4m3fn);
+            ++swept;
+            same += quantizer.quantize(value) == want;
+            reciprocal_differs += rope::float_to_e4m3fn(value * (1.0f / scale)) != want;
+        }
+    }
+    std::printf("  near every rounding midpoint, %d values: Fp8Quantizer %d codes as value / scale's;"
+                " value * (1 / scale) %d other codes\n", swept, same, reciprocal_differs);
+    checks.expect(same == swept, "Fp8Quantizer: the codes of value / scale, without a division per element");
+    checks.expect(reciprocal_differs > 0, "value * (1 / scale): other codes near some midpoints (so rope takes the scale)");
+
     return checks.finish("one call rotates q and k, writes k back and appends k and v at their slots on " +
                          std::to_string(backends.available.size()) + " backends; " + bugs.text());
 }
