@@ -70,8 +70,8 @@ constexpr int kAppendBlockThreads = 128;
 template <bool kDefaultAngleOnly>
 constexpr int kAppendMinBlocks = kDefaultAngleOnly ? 5 : 4;
 /// Rows a thread takes in one unit at most, whose loads it issues before it uses the first (3.):
-/// four into model-dtype caches; two into FP8 ones, whose conversions, unrolled over four rows,
-/// would not fit the instruction cache, while two rows still keep enough loads in flight.
+/// four into model-dtype caches; two into FP8 ones, where four rows' float32 values and their
+/// quantizers need more registers than kAppendMinBlocks allows (they would spill).
 template <CacheDType kCache>
 constexpr int kAppendRows = kCache == CacheDType::model ? 4 : 2;
 /// Angle-argument capacity for rotary_dim <= 128 (backend.cu's kSmallCapacity, for the same reason).
