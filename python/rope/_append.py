@@ -9,6 +9,7 @@ Everything else is checked by the C++ library, before anything is written.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, Optional, Tuple, Union
 
@@ -71,7 +72,10 @@ def append_kv(q: Any, k: Any, v: Any, config: Config, positions: Union[None, int
             fp8 * scale, as vLLM stores them; FlashInfer's quant_scale is 1 /
             scale), one per cache or one per head, on the cache's device; a
             Python float for a NumPy cache. Codes are
-            round_to_nearest_even(saturate(value / scale)).
+            round_to_nearest_even(saturate(value / scale)). A Python number
+            must be finite and > 0 (checked here); scales in GPU memory are
+            not read by the checks, and one that is not finite and > 0 writes
+            NaN codes.
         out: (q_out, k_out) to rotate into; q and k are then only read.
         cos_sin_cache: a float32 [max_position, rotary_dim] table (see rope.apply).
         max_position: largest position + 1 (dynamic/longrope scaling with ids on a CUDA device).
@@ -105,8 +109,8 @@ def append_kv(q: Any, k: Any, v: Any, config: Config, positions: Union[None, int
         raise _fail("cache_dtype", repr(cache_dtype), 'must be "e4m3fn", "e5m2" or None (the model\'s dtype)')
     k_cache, k_dtype = _cache("k_cache", k_cache, cache_dtype)
     v_cache, v_dtype = _cache("v_cache", v_cache, cache_dtype)
-    k_scale = _scale(k_scale, k_cache)
-    v_scale = _scale(v_scale, v_cache)
+    k_scale = _scale("k_scale", k_scale, k_cache)
+    v_scale = _scale("v_scale", v_scale, v_cache)
     arrays = [q, k, q_out, k_out, v, k_cache, v_cache, ids, slots, k_scale, v_scale, cos_sin_cache]
 
     if stream is not None:
@@ -137,10 +141,15 @@ def _cache(name: str, cache: Any, cache_dtype: Optional[str]) -> Tuple[Any, str]
     return cache, cache_dtype or ""
 
 
-def _scale(scale: Any, cache: Any) -> Any:
-    """A float scale as a float32 [1] array beside ``cache``: NumPy's, or a tensor on the cache's device."""
+def _scale(name: str, scale: Any, cache: Any) -> Any:
+    """A float scale as a float32 [1] array beside ``cache``: NumPy's, or a tensor on the cache's device.
+
+    Checked here, where it is still a Python number: on a GPU the library cannot read it, and a scale
+    that is not finite and > 0 would write NaN codes."""
     if not isinstance(scale, (float, int, np.floating)) or isinstance(scale, bool):
         return scale
+    if not (math.isfinite(float(scale)) and float(scale) > 0 and np.isfinite(np.float32(scale))):
+        raise _fail(name, scale, "must be finite and > 0 (a float32 dequantisation scale)")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(cache, torch.Tensor):
         return torch.full((1,), float(scale), dtype=torch.float32, device=cache.device)

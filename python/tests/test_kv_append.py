@@ -235,6 +235,11 @@ def test_fp8_reference_saturates():
     (dict(k_cache="fp8-no-scale"), "k_scale"),
     (dict(k_cache="heads"), "k_cache.heads"),
     (dict(k_scale=1.0), "k_scale"),
+    (dict(k_cache="fp8", k_scale=0.0), "k_scale = 0.0: must be finite and > 0"),
+    (dict(k_cache="fp8", k_scale=-0.5), "k_scale = -0.5"),
+    (dict(k_cache="fp8", k_scale=float("nan")), "k_scale = nan"),
+    (dict(k_cache="fp8", v_scale=float("inf")), "v_scale = inf"),
+    (dict(k_cache="fp8", v_scale=1e39), "v_scale = 1e.39: must be finite"),  # Not a float32 (. for the +).
     (dict(positions=[1, 2]), "positions"),
     (dict(cache_dtype="e3m4"), "cache_dtype"),
 ])
@@ -243,11 +248,14 @@ def test_bad_input_named_and_nothing_written(case, message):
     q_in, k_in = q.copy(), k.copy()
     k_cache, v_cache, _, _ = cache_views("nhd", dt)
     kind = case.pop("k_cache", None)
-    if kind in ("uint8", "fp8-no-scale"):
+    if kind in ("uint8", "fp8-no-scale", "fp8"):
         k_cache = np.zeros(k_cache.shape, np.uint8)
         v_cache = np.zeros(k_cache.shape, np.uint8)
-        if kind == "fp8-no-scale":
+        if kind != "uint8":
             case["cache_dtype"] = "e4m3fn"
+        if kind == "fp8":  # One scale bad, the other good.
+            case.setdefault("k_scale", 1.0)
+            case.setdefault("v_scale", 1.0)
     elif kind == "float16":
         k_cache = np.full(k_cache.shape, np.nan, np.float16)
     elif kind == "heads":
