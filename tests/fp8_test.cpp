@@ -7,10 +7,12 @@
 // bits.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "fp8_device.hpp"
@@ -271,6 +273,38 @@ TEST_CASE("fp8: Fp8Quantizer's quotient is IEEE division's, its codes quantize_f
         CHECK(wrong_codes == 0);
     }
 }
+
+TEST_SUITE("large") {
+TEST_CASE("large: Fp8Quantizer's quotient is IEEE division's for every value whose quotient decides a code") {
+    // Every positive float32 whose quotient lies in [2^-20, 2^17] (below, both formats give code 0;
+    // above, both saturate), at a scale that is not a power of two, a subnormal one and one near
+    // the largest float: 37 binades of 2^23 values each, split over the hardware threads.
+    for (float scale : {0.002f, float_of(0x00012345u), float_of(0x7e654321u)}) {
+        CAPTURE(scale);
+        const rope::Fp8Quantizer<Fp8Format::e4m3fn> quantizer(scale);
+        const uint32_t low = bits_of(std::nextafter(scale * 0x1p-20f, 0.0f));
+        const uint32_t high = std::min(bits_of(std::nextafter(scale * 0x1p17f, 0x1p127f)), 0x7f7fffffu);
+        const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
+        std::vector<uint64_t> wrong(workers, 0), first(workers, 0);
+        std::vector<std::thread> threads;
+        for (unsigned w = 0; w < workers; ++w)
+            threads.emplace_back([&, w] {
+                const uint64_t count = uint64_t(high) - low + 1;
+                for (uint64_t i = low + w * count / workers; i < low + (w + 1) * count / workers; ++i) {
+                    const float value = float_of(uint32_t(i));
+                    const float quotient = value / scale;
+                    if (!(quotient >= 0x1p-20f && quotient <= 0x1p17f)) continue;
+                    if (bits_of(quantizer.magnitude_quotient(value)) != bits_of(quotient) && wrong[w]++ == 0) first[w] = i;
+                }
+            });
+        for (std::thread& thread : threads) thread.join();
+        for (unsigned w = 0; w < workers; ++w) {
+            INFO("first wrong value: float bits 0x" << std::hex << first[w]);
+            CHECK(wrong[w] == 0);
+        }
+    }
+}
+}  // TEST_SUITE("large")
 
 TEST_CASE("fp8: a scale that is not positive and finite gives the NaN code") {
     const float inf = std::numeric_limits<float>::infinity();
