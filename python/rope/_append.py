@@ -148,8 +148,10 @@ def _scale(name: str, scale: Any, cache: Any) -> Any:
     that is not finite and > 0 would write NaN codes."""
     if not isinstance(scale, (float, int, np.floating)) or isinstance(scale, bool):
         return scale
-    if not (math.isfinite(float(scale)) and float(scale) > 0 and np.isfinite(np.float32(scale))):
-        raise _fail(name, scale, "must be finite and > 0 (a float32 dequantisation scale)")
+    with np.errstate(over="ignore", under="ignore"):
+        single = np.float32(scale)  # What the kernel reads: 1e39 becomes inf, 1e-50 becomes 0.
+    if not (math.isfinite(float(scale)) and np.isfinite(single) and single > 0):
+        raise _fail(name, scale, "must be finite and > 0 as a float32 (the dequantisation scale)")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(cache, torch.Tensor):
         return torch.full((1,), float(scale), dtype=torch.float32, device=cache.device)

@@ -240,6 +240,7 @@ def test_fp8_reference_saturates():
     (dict(k_cache="fp8", k_scale=float("nan")), "k_scale = nan"),
     (dict(k_cache="fp8", v_scale=float("inf")), "v_scale = inf"),
     (dict(k_cache="fp8", v_scale=1e39), "v_scale = 1e.39: must be finite"),  # Not a float32 (. for the +).
+    (dict(k_cache="fp8", k_scale=1e-50), "k_scale = 1e-50: must be finite and > 0"),  # 0 as a float32.
     (dict(positions=[1, 2]), "positions"),
     (dict(cache_dtype="e3m4"), "cache_dtype"),
 ])
