@@ -74,9 +74,27 @@ __device__ inline void load_with_factors(const KernelArgs& args, int64_t b, int6
         compute_factors(token_positions<!kDefaultAngleOnly>(args.positions, args.axes, b, s));
         previous.wait();
         load();
+    } else if constexpr (kDefaultAngleOnly) {
+        // The frequencies and the pairs' axes are kernel parameters, which no kernel writes: read
+        // before the wait. A warp's threads read different frequencies, which the constant bank
+        // serialises, and a decode step's few blocks find that bank cold: after the wait, only the
+        // position's read then stands between the loads and the sincosf. The same arithmetic as
+        // token_rotation_factors<true>, so the same bits.
+        float frequency[Path::kPairs];
+        uint8_t axis[Path::kPairs] = {};
+        if (args.axes > 1) Path::load_pair_axes(args.angles.pair_axis, chunk, args.rotary_dim, axis);
+#pragma unroll
+        for (int p = 0; p < Path::kPairs; ++p) frequency[p] = args.angles.inv_freq[Path::pair_of(chunk, p, args.rotary_dim)];
+        previous.wait();
+        const TokenPositions positions = token_positions<false>(args.positions, args.axes, b, s);
+        load();
+#pragma unroll
+        for (int p = 0; p < Path::kPairs; ++p)
+            scaled_sincos(args.angles, rope_angle(positions.of_axis_float(axis[p]), frequency[p]), cos_angle[p],
+                          sin_angle[p]);
     } else {
         previous.wait();
-        const TokenPositions positions = token_positions<!kDefaultAngleOnly>(args.positions, args.axes, b, s);
+        const TokenPositions positions = token_positions<true>(args.positions, args.axes, b, s);
         load();
         compute_factors(positions);
     }
