@@ -51,7 +51,8 @@ struct PreviousGrid {
 /// issue the position loads and then the rows' loads, and compute as soon as
 /// the positions arrive, while the rows are still on their way (the lab
 /// measured this order faster than the rows first, with ids, tables and
-/// M-RoPE alike).
+/// M-RoPE alike); with the default angle, the frequencies, which are kernel
+/// parameters, are read before the wait.
 /// @tparam Path VectorPath or GenericPath (row_access.cuh): which pairs a chunk holds.
 /// @tparam kDefaultAngleOnly see token_rotation_factors.
 /// @tparam KernelArgs a kernel's parameters: angles, positions, axes, positions_in_memory, rotary_dim.
