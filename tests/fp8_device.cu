@@ -4,6 +4,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstring>
+#include <stdexcept>
+
 #include "rope/cuda_check.hpp"
 #include "rope/fp8.hpp"
 
@@ -50,12 +53,11 @@ struct DeviceArray {
     DeviceArray& operator=(const DeviceArray&) = delete;
 };
 
-}  // namespace
-
-Fp8DeviceResults fp8_on_device(const std::vector<float>& values, float scale) {
-    const size_t count = values.size();
-    DeviceArray in(count * sizeof(float)), codes(6 * count), decoded(2 * 256 * sizeof(float));
-    rope::check_cuda(cudaMemcpy(in.data, values.data(), count * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+// One run of both kernels over outputs first filled with @p poison bytes.
+Fp8DeviceResults run_once(const DeviceArray& in, size_t count, float scale, unsigned char poison) {
+    DeviceArray codes(6 * count), decoded(2 * 256 * sizeof(float));
+    rope::check_cuda(cudaMemset(codes.data, poison, 6 * count), "cudaMemset");
+    rope::check_cuda(cudaMemset(decoded.data, poison, 2 * 256 * sizeof(float)), "cudaMemset");
     auto* code_bytes = static_cast<uint8_t*>(codes.data);
     auto* decoded_floats = static_cast<float*>(decoded.data);
     const size_t threads = count > 256 ? count : 256;
@@ -84,6 +86,26 @@ Fp8DeviceResults fp8_on_device(const std::vector<float>& values, float scale) {
     rope::check_cuda(cudaMemcpy(results.e5m2_decoded.data(), decoded_floats + 256, 256 * sizeof(float),
                                 cudaMemcpyDeviceToHost), "cudaMemcpy");
     return results;
+}
+
+}  // namespace
+
+Fp8DeviceResults fp8_on_device(const std::vector<float>& values, float scale) {
+    const size_t count = values.size();
+    DeviceArray in(count * sizeof(float));
+    rope::check_cuda(cudaMemcpy(in.data, values.data(), count * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    // Two runs over outputs poisoned with different bytes: an element no thread writes keeps its
+    // poison, so the runs disagree there, whatever code the test expects.
+    const Fp8DeviceResults first = run_once(in, count, scale, 0x00), second = run_once(in, count, scale, 0xff);
+    const bool same = first.e4m3fn == second.e4m3fn && first.e5m2 == second.e5m2 &&
+                      first.e4m3fn_quantized == second.e4m3fn_quantized &&
+                      first.e5m2_quantized == second.e5m2_quantized &&
+                      first.e4m3fn_quantizer == second.e4m3fn_quantizer &&
+                      first.e5m2_quantizer == second.e5m2_quantizer &&
+                      std::memcmp(first.e4m3fn_decoded.data(), second.e4m3fn_decoded.data(), 256 * sizeof(float)) == 0 &&
+                      std::memcmp(first.e5m2_decoded.data(), second.e5m2_decoded.data(), 256 * sizeof(float)) == 0;
+    if (!same) throw std::runtime_error("fp8_on_device: an output element was written by no thread (poisoned runs differ)");
+    return first;
 }
 
 }  // namespace testing::cuda
