@@ -140,6 +140,10 @@ ROPE_HOST_DEVICE inline uint8_t signed_nan_code(float value, uint32_t nan_code) 
     return uint8_t(((float_bits(value) >> 24) & 0x80u) | nan_code);
 }
 
+/// Whether @p scale is a dequantisation scale rope quantises with: positive and
+/// finite (NaN fails both comparisons). Any other scale gives NaN codes.
+ROPE_HOST_DEVICE inline bool valid_scale(float scale) { return scale > 0.0f && scale <= 3.40282347e38f; }
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 /// The GPU's conversion instruction (see the top of the file) for @p value, NaN
 /// included: the instruction's code, or the signed NaN code. Both are computed and
@@ -233,7 +237,7 @@ ROPE_HOST_DEVICE inline float fp8_to_float(uint8_t code, Fp8Format format) {
 /// @return float_to_fp8(value / scale, format); a NaN quotient gives the NaN code with the sign of @p value.
 ROPE_HOST_DEVICE inline uint8_t quantize_fp8(float value, float scale, Fp8Format format) {
     const uint32_t nan_code = format == Fp8Format::e4m3fn ? 0x7fu : 0x7eu;
-    if (!(scale > 0.0f && scale <= 3.40282347e38f)) return detail::signed_nan_code(value, nan_code);
+    if (!detail::valid_scale(scale)) return detail::signed_nan_code(value, nan_code);
     const float quotient = value / scale;
     // A NaN quotient keeps the sign of the value: a CPU carries a NaN operand's sign through the
     // division, a GPU returns its own positive NaN, and every backend must write the same code.
@@ -277,7 +281,7 @@ class Fp8Quantizer {
     /// @brief Splits @p scale (see the class).
     /// @param scale the dequantisation scale (value ~= fp8 * scale).
     ROPE_HOST_DEVICE explicit Fp8Quantizer(float scale) {
-        const bool valid = scale > 0.0f && scale <= 3.40282347e38f;
+        const bool valid = detail::valid_scale(scale);
         uint32_t bits = float_bits(valid ? scale : 1.0f);
         int exponent_offset = 0;
         if ((bits >> 23) == 0) {  // A subnormal scale: made normal by an exact scaling by 2^64.
