@@ -170,7 +170,7 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_option("--runs", options.runs, "whole measurements (call and ceiling) per row: the median ratio "
                                            "and its spread are reported (default 1)")
         ->check(within(1, kMaxRuns));
-    app.add_option("--llc-mb", options.llc_mb, "cache (MiB) the rotating sets must span twice (default: detected)")
+    app.add_option("--llc-mb", options.llc_mb, "cache (MiB) the rotating sets must span twice (default, or 0: detected)")
         ->check(within(0, kMaxCacheMiB));
     app.add_flag("--precise", options.precise, "RopeConfig::precise_angles (a backend without it: 'unsupported')");
     app.add_option("--position-offset", options.position_offset, "position of each sequence's first token (default 0)")

@@ -142,6 +142,8 @@ ROPE_HOST_DEVICE inline uint8_t signed_nan_code(float value, uint32_t nan_code) 
 
 /// Whether @p scale is a dequantisation scale rope quantises with: positive and
 /// finite (NaN fails both comparisons). Any other scale gives NaN codes.
+/// @param scale the dequantisation scale.
+/// @return true for a scale in (0, FLT_MAX].
 ROPE_HOST_DEVICE inline bool valid_scale(float scale) { return scale > 0.0f && scale <= 3.40282347e38f; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
