@@ -13,9 +13,9 @@
 //      head of q and k then reads (and every sequence, when they share
 //      positions); cpu-naive recomputes them per head. (This file.)
 //   2. A head row is rotated several pairs per instruction: as Eigen
-//      fixed-size arrays (rotate_row.cpp), or for fp16/bf16 rows by kernels
-//      that widen, rotate and round with the widest instructions the processor
-//      has (half_rows.cpp). row.hpp lists the kernels.
+//      fixed-size arrays (rotate_row.cpp), or, for a contiguous row, by kernels
+//      with the widest instructions the processor has, which for fp16/bf16 rows
+//      also widen and round back (wide_rows.cpp). row.hpp lists the kernels.
 //   3. OpenMP threads each stream one contiguous region of memory, also when
 //      decoding a single token (work_split.hpp: the picture); out-of-place
 //      float32 outputs of half-split pairs larger than the last-level cache
@@ -88,10 +88,8 @@ template <typename Storage>
 RowKernel<Storage> pick_row_kernel(Style style, const Operand& operand, int64_t rotary_dim) {
     if (reorders(style)) return reordering_row_kernel<Storage>(style);
     const bool contiguous = operand.in_geometry.stride_dim == 1 && operand.out_geometry.stride_dim == 1;
-    if constexpr (!std::is_same_v<Storage, float>) {
-        if (contiguous)
-            if (const RowKernel<Storage> kernel = half_row_kernel<Storage>(style, rotary_dim)) return kernel;
-    }
+    if (contiguous)
+        if (const RowKernel<Storage> kernel = wide_row_kernel<Storage>(style, rotary_dim)) return kernel;
     return eigen_row_kernel<Storage>(style, contiguous);
 }
 

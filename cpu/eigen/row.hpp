@@ -8,11 +8,13 @@
 // operand and call (pick_row_kernel in backend.cpp) and calls it through a
 // pointer for every row.
 //
-//   rotate_row.cpp  float32 rows, and strided rows of any type: Eigen arrays;
-//                   and any row in HF's DeepSeek order (reordering_row_kernel).
-//   half_rows.cpp   contiguous fp16/bf16 rows: widened to float32, rotated,
-//                   rounded back; with the processor's own conversions and
-//                   AVX-512 where it has them.
+//   rotate_row.cpp  float32 rows, and strided rows of any type: Eigen arrays
+//                   (SSE2, the portable baseline); and any row in HF's DeepSeek
+//                   order (reordering_row_kernel).
+//   wide_rows.cpp   contiguous rows with the processor's widest instructions:
+//                   fp16/bf16 widened to float32, rotated, rounded back, with
+//                   its own conversions where it has them; float32 (and
+//                   fp16/bf16) with AVX-512 where it has it.
 #include <cstdint>
 
 #include "rope/dtype.hpp"
@@ -53,10 +55,10 @@ RowKernel<Storage> eigen_row_kernel(Style style, bool contiguous);
 template <typename Storage>
 RowKernel<Storage> reordering_row_kernel(Style style);
 
-// The kernel for a contiguous fp16/bf16 row (half_rows.cpp): the fastest this
-// processor runs; nullptr when none applies (rotary_dim > kMaxWidenedDim without
-// AVX-512), and the Eigen kernel then takes the row.
+// The kernel for a contiguous row (wide_rows.cpp): the fastest this processor
+// runs; nullptr when none applies (float32 without AVX-512, fp16/bf16 with
+// rotary_dim > kMaxWidenedDim without it), and the Eigen kernel then takes the row.
 template <typename Storage>
-RowKernel<Storage> half_row_kernel(Style style, int64_t rotary_dim);
+RowKernel<Storage> wide_row_kernel(Style style, int64_t rotary_dim);
 
 }  // namespace rope::cpu_eigen

@@ -1,17 +1,22 @@
-// cpu-eigen's kernels for contiguous fp16/bf16 rows: widened to float32,
-// rotated by the shared rotate_pair, and rounded back. Converting an element
-// costs more than rotating it, so these rows are bound by that arithmetic
-// rather than by memory; each kernel here does it with wider instructions:
+// cpu-eigen's kernels for contiguous rows, with the widest instructions the
+// processor has. fp16/bf16 rows are widened to float32, rotated by the shared
+// rotate_pair, and rounded back; converting an element costs more than rotating
+// it, so those rows are bound by that arithmetic rather than by memory. float32
+// rows need no conversion, but the Eigen kernel (rotate_row.cpp) is compiled for
+// the portable baseline, SSE2: four floats per instruction, which leaves a row
+// bound by its instructions rather than by memory on a processor that moves
+// sixteen.
 //
-//   rotate_widened  any processor: three plain loops the compiler vectorises,
-//                   compiled for SSE2, AVX2 and AVX-512 (the processor picks);
+//   rotate_widened  fp16/bf16 on any processor: three plain loops the compiler
+//                   vectorises, compiled for SSE2, AVX2 and AVX-512 (the
+//                   processor picks);
 //   rotate_f16c     fp16 where the processor converts half floats itself (F16C);
-//   rotate_avx512   fp16 and bf16 with AVX-512, in registers, sixteen pairs a
-//                   step; bf16 rounded by the processor's own instruction where
-//                   it has AVX512-BF16.
+//   rotate_avx512   float32, fp16 and bf16 with AVX-512, in registers, sixteen
+//                   pairs a step; bf16 rounded by the processor's own instruction
+//                   where it has AVX512-BF16.
 //
-// All give the same bits as rotate_widened (and cpu-naive): the products are
-// rounded one by one (cpu/CMakeLists.txt compiles cpu-eigen with
+// All give the same bits as rotate_widened, the Eigen kernel and cpu-naive: the
+// products are rounded one by one (cpu/CMakeLists.txt compiles cpu-eigen with
 // -ffp-contract=off) and every conversion rounds as rope/dtype.hpp's does.
 #include <cstdint>
 #include <type_traits>
@@ -123,10 +128,11 @@ __attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row
 }
 #endif
 
-// fp16 and bf16 rows with AVX-512: widened,
-// rotated and rounded in registers, sixteen pairs per step, with no float32
-// row in memory between the three loops of rotate_widened. Interleaved pairs
-// arrive as sixteen 32-bit lanes, one pair each (split_pairs, join_pairs).
+// Rows with AVX-512: fp16 and bf16 widened, rotated and rounded in registers,
+// sixteen pairs per step, with no float32 row in memory between the three loops
+// of rotate_widened; float32 rows sixteen pairs per step where Eigen's SSE2 takes
+// four. Interleaved 2-byte pairs arrive as sixteen 32-bit lanes, one pair each
+// (split_pairs, join_pairs); interleaved float32 pairs as two vectors of eight.
 // The results are rotate_widened's bits: the products are rounded one by one
 // (-ffp-contract=off compiles every kernel here), bf16 rounds with
 // rope::to_bfloat16's integer arithmetic on sixteen lanes at once (or the
@@ -229,6 +235,37 @@ ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, Bf16Instruction /*roun
     return _mm512_permutexvar_epi16(x_then_y, halves);
 }
 
+// Sixteen interleaved float32 pairs (32 floats, two vectors) as x and y, and back: the
+// even and the odd floats of the two vectors gathered by one permutation each.
+ROPE_AVX512 inline WidePairs split_pairs(__m512 low, __m512 high) {
+    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odds = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return {_mm512_permutex2var_ps(low, evens, high), _mm512_permutex2var_ps(low, odds, high)};
+}
+struct InterleavedFloats {
+    __m512 low, high;  // Pairs 0-7 and 8-15, x then y each.
+};
+ROPE_AVX512 inline InterleavedFloats join_pairs(WidePairs pairs) {
+    const __m512i first_eight = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i last_eight = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    return {_mm512_permutex2var_ps(pairs.x, first_eight, pairs.y), _mm512_permutex2var_ps(pairs.x, last_eight, pairs.y)};
+}
+
+// Sixteen consecutive elements of a row as float32, and back (rounded as Rounding says).
+ROPE_AVX512 inline __m512 load_16(const float* at) { return _mm512_loadu_ps(at); }
+template <typename Storage>
+ROPE_AVX512 inline __m512 load_16(const Storage* at) {
+    return widen_16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)), Storage{});
+}
+template <typename Rounding>
+ROPE_AVX512 inline void store_16(float* at, __m512 values) {
+    _mm512_storeu_ps(at, values);
+}
+template <typename Rounding, typename Storage>
+ROPE_AVX512 inline void store_16(Storage* at, __m512 values) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), narrow_16(values, Rounding{}));
+}
+
 // rotate_pair on sixteen pairs: x c - y s and y c + x s, each product rounded.
 ROPE_AVX512 inline WidePairs rotate_16(WidePairs pair, __m512 c, __m512 s) {
     return {_mm512_sub_ps(_mm512_mul_ps(pair.x, c), _mm512_mul_ps(pair.y, s)),
@@ -245,13 +282,16 @@ ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const fl
         const __m512 c = _mm512_loadu_ps(cos + i), s = _mm512_loadu_ps(sin + i);
         if constexpr (kStyle == Style::half_split) {
             // x = features [i, i + 16), y = [pairs + i, pairs + i + 16): two runs of sixteen.
-            auto* x_at = reinterpret_cast<const __m256i*>(in.data + i);
-            auto* y_at = reinterpret_cast<const __m256i*>(in.data + pairs + i);
-            const WidePairs widened{widen_16(_mm256_loadu_si256(x_at), Storage{}),
-                                    widen_16(_mm256_loadu_si256(y_at), Storage{})};
-            const WidePairs rotated = rotate_16(widened, c, s);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + i), narrow_16(rotated.x, Rounding{}));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data + pairs + i), narrow_16(rotated.y, Rounding{}));
+            const WidePairs rotated = rotate_16({load_16(in.data + i), load_16(in.data + pairs + i)}, c, s);
+            store_16<Rounding>(out.data + i, rotated.x);
+            store_16<Rounding>(out.data + pairs + i, rotated.y);
+        } else if constexpr (std::is_same_v<Storage, float>) {
+            // Sixteen pairs = 32 floats in a row, two 64-byte loads and stores.
+            const float* const at = in.data + 2 * i;
+            const InterleavedFloats rotated =
+                join_pairs(rotate_16(split_pairs(_mm512_loadu_ps(at), _mm512_loadu_ps(at + 16)), c, s));
+            _mm512_storeu_ps(out.data + 2 * i, rotated.low);
+            _mm512_storeu_ps(out.data + 2 * i + 16, rotated.high);
         } else {
             // Sixteen pairs = 32 features in a row, one 64-byte load and store.
             const WidePairs rotated = rotate_16(split_pairs(_mm512_loadu_si512(in.data + 2 * i), Storage{}), c, s);
@@ -280,8 +320,7 @@ ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const fl
 }  // namespace
 
 template <typename Storage>
-RowKernel<Storage> half_row_kernel(Style style, int64_t rotary_dim) {
-    static_assert(!std::is_same_v<Storage, float>, "float32 rows take eigen_row_kernel");
+RowKernel<Storage> wide_row_kernel(Style style, int64_t rotary_dim) {
 #ifdef ROPE_HAVE_AVX512_KERNEL
     const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     if constexpr (std::is_same_v<Storage, bfloat16>) {
@@ -293,19 +332,24 @@ RowKernel<Storage> half_row_kernel(Style style, int64_t rotary_dim) {
         return style == Style::half_split ? rotate_avx512<Storage, Style::half_split>
                                           : rotate_avx512<Storage, Style::interleaved>;
 #endif
+    if constexpr (std::is_same_v<Storage, float>) {
+        return nullptr;  // The Eigen kernel: no conversion to widen, nothing else to gain.
+    } else {
 #ifdef ROPE_HAVE_F16C_KERNEL
-    if constexpr (std::is_same_v<Storage, float16>) {
-        if (rotary_dim <= kMaxWidenedDim && __builtin_cpu_supports("avx2") && processor_has_f16c())
-            return style == Style::half_split ? rotate_f16c<Style::half_split> : rotate_f16c<Style::interleaved>;
-    }
+        if constexpr (std::is_same_v<Storage, float16>) {
+            if (rotary_dim <= kMaxWidenedDim && __builtin_cpu_supports("avx2") && processor_has_f16c())
+                return style == Style::half_split ? rotate_f16c<Style::half_split> : rotate_f16c<Style::interleaved>;
+        }
 #endif
-    if (rotary_dim <= kMaxWidenedDim)
-        return style == Style::half_split ? rotate_widened<Storage, Style::half_split>
-                                          : rotate_widened<Storage, Style::interleaved>;
-    return nullptr;
+        if (rotary_dim <= kMaxWidenedDim)
+            return style == Style::half_split ? rotate_widened<Storage, Style::half_split>
+                                              : rotate_widened<Storage, Style::interleaved>;
+        return nullptr;
+    }
 }
 
-template RowKernel<float16> half_row_kernel<float16>(Style, int64_t);
-template RowKernel<bfloat16> half_row_kernel<bfloat16>(Style, int64_t);
+template RowKernel<float> wide_row_kernel<float>(Style, int64_t);
+template RowKernel<float16> wide_row_kernel<float16>(Style, int64_t);
+template RowKernel<bfloat16> wide_row_kernel<bfloat16>(Style, int64_t);
 
 }  // namespace rope::cpu_eigen
