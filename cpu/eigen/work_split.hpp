@@ -38,7 +38,9 @@
 // order (RowWalk), so that a token's row of the table is read once and then
 // from L1; for [b, h, s, d] that means the tile's few heads advance side by
 // side, each its own stream of memory, which the processor's own prefetchers
-// follow without being asked.
+// follow without being asked. A stream is visited for kVisitBytes at least:
+// where a row is shorter (bf16 at head_dim 128: 256 bytes), each head takes
+// the next few tokens of the walk in one visit, their table rows still in L1.
 #include <algorithm>
 #include <cstdint>
 
@@ -64,6 +66,10 @@ constexpr int64_t kTileTableBytes = 64 * 1024;
 // of them, and each thread keeps this many streams of memory going; one head
 // at a time would read its table row from L2 or L3 for every row.
 constexpr int64_t kHeadsSideBySide = 4;
+// Bytes of a head's rows read in one visit of its stream, where a head's tokens
+// are adjacent ([b, h, s, d]): a walk that moved on to the next head after each
+// 256-byte row ran at half the speed of one that stayed for two rows.
+constexpr int64_t kVisitBytes = 512;
 // Tiles per thread: enough that an uneven last tile costs little.
 constexpr int64_t kTilesPerThread = 8;
 
@@ -83,6 +89,7 @@ struct WorkSplit {
     int64_t tile_tokens = 1;     // Tokens per tile.
     int64_t head_ranges = 1;     // Ranges the heads are cut into.
     bool heads_outer = true;     // Threads split heads (true) or tokens (false).
+    int64_t visit_tokens = 1;    // Tokens of one head walked before the next head (heads_outer).
     int64_t seq = 0;
 
     Chunk chunk(int64_t index) const {
@@ -114,6 +121,8 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
                                      (split.heads + kHeadsSideBySide - 1) / kHeadsSideBySide);
         const int64_t ranges = std::clamp<int64_t>((target_tiles + split.heads - 1) / split.heads, 1, split.chunk_tokens);
         split.tile_tokens = (split.chunk_tokens + ranges - 1) / ranges;
+        const int64_t row_bytes = plan.head_dim * int64_t(dtype_size(plan.dtype));
+        split.visit_tokens = std::max<int64_t>(1, kVisitBytes / std::max<int64_t>(row_bytes, 1));
     } else {
         split.tile_tokens = std::clamp<int64_t>(kTileTableBytes / table_row_bytes, 1, split.chunk_tokens);
         const int64_t ranges = split.token_ranges(split.chunk(0));
@@ -138,7 +147,9 @@ struct HeadRow {
 };
 
 // The rows of one tile, in the order a thread visits them: token by token,
-// and each token's heads in order.
+// and each token's heads in order; or, where a visit spans several tokens
+// (WorkSplit::visit_tokens), visit by visit: each head's tokens of the visit,
+// then the next head's.
 template <typename Storage>
 class RowWalk {
 public:
@@ -148,6 +159,8 @@ public:
         int64_t head;          // Counting q's heads first, then k's.
         int64_t head_in_tile;  // 0 .. heads-1 within the tile.
         int64_t token;         // 0 .. tokens-1 within the tile.
+        int64_t visit_begin;   // The visit's tokens: [visit_begin, visit_end).
+        int64_t visit_end;
         HeadRow<Storage> row;
     };
 
@@ -167,12 +180,13 @@ public:
         first_token_ = token_range * split.tile_tokens;  // Within the chunk.
         tokens_ = std::min(split.tile_tokens, chunk.tokens - first_token_);
         chunk_first_token_ = chunk.first_token;
+        visit_tokens_ = split.heads_outer ? split.visit_tokens : 1;
     }
 
     int64_t size() const { return heads_ * tokens_; }
 
     Cursor first() const {
-        Cursor cursor{first_sequence_, first_head_, 0, 0, {}};
+        Cursor cursor{first_sequence_, first_head_, 0, 0, 0, std::min(visit_tokens_, tokens_), {}};
         locate(cursor);
         return cursor;
     }
@@ -187,13 +201,17 @@ public:
     // struct with wide vector moves, which wait for those writes to finish, a
     // stall on every row.
     void advance(Cursor& cursor) const {
-        ++cursor.head_in_tile;
-        if (++cursor.head == heads_per_sequence_) cursor.head = 0, ++cursor.sequence;
-        if (cursor.head_in_tile == heads_) {
-            cursor.sequence = first_sequence_;
-            cursor.head = first_head_;
-            cursor.head_in_tile = 0;
-            ++cursor.token;
+        if (++cursor.token == cursor.visit_end) {  // The visit of this head is over: the next head's.
+            cursor.token = cursor.visit_begin;
+            ++cursor.head_in_tile;
+            if (++cursor.head == heads_per_sequence_) cursor.head = 0, ++cursor.sequence;
+            if (cursor.head_in_tile == heads_) {  // Every head visited: the next visit's tokens.
+                cursor.sequence = first_sequence_;
+                cursor.head = first_head_;
+                cursor.head_in_tile = 0;
+                cursor.token = cursor.visit_begin = cursor.visit_end;
+                cursor.visit_end = std::min(cursor.visit_end + visit_tokens_, tokens_);
+            }
         }
         locate(cursor);
     }
@@ -225,6 +243,7 @@ private:
     int64_t first_token_ = 0;      // First token of the tile, within the chunk.
     int64_t tokens_ = 0;           // Tokens in the tile.
     int64_t chunk_first_token_ = 0;  // First token of the chunk, within the sequence.
+    int64_t visit_tokens_ = 1;     // Tokens per visit of a head.
 };
 
 }  // namespace
