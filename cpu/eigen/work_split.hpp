@@ -39,7 +39,7 @@
 // from L1; for [b, h, s, d] that means the tile's few heads advance side by
 // side, each its own stream of memory, which the processor's own prefetchers
 // follow without being asked. A stream is visited for kVisitBytes at least:
-// where a row is shorter (bf16 at head_dim 128: 256 bytes), each head takes
+// where a row is shorter (float32 at head_dim 128: 512 bytes), each head takes
 // the next few tokens of the walk in one visit, their table rows still in L1.
 #include <algorithm>
 #include <cstdint>
@@ -67,9 +67,10 @@ constexpr int64_t kTileTableBytes = 64 * 1024;
 // at a time would read its table row from L2 or L3 for every row.
 constexpr int64_t kHeadsSideBySide = 4;
 // Bytes of a head's rows read in one visit of its stream, where a head's tokens
-// are adjacent ([b, h, s, d]): a walk that moved on to the next head after each
-// 256-byte row ran at half the speed of one that stayed for two rows.
-constexpr int64_t kVisitBytes = 512;
+// are adjacent ([b, h, s, d]): a walk that moves on to the next head after every
+// short row keeps the memory system from streaming any of them at full speed;
+// the visit's table rows stay in L1 (bench/results/notes/cpu-eigen.md: how much).
+constexpr int64_t kVisitBytes = 1024;
 // Tiles per thread: enough that an uneven last tile costs little.
 constexpr int64_t kTilesPerThread = 8;
 
