@@ -65,7 +65,10 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
             the default stream.
 
     Returns:
-        (q, k) rotated in place, or ``out``.
+        (q, k) rotated in place, or ``out``. PyTorch tensors rotated in place
+        (no ``stream``) go to rope.ops' kernel where its C++ library is loaded
+        (the first such call loads it), without a DLPack export each; their
+        version counters then move, as PyTorch's in-place operators' do.
 
     Raises:
         rope.Error: (a ValueError) naming the offending argument and its value;
@@ -73,6 +76,17 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
     """
     if not isinstance(config, Config):
         raise _fail("config", type(config).__name__, "must be a rope.Config")
+    torch = sys.modules.get("torch")  # Loaded when any array is a PyTorch tensor.
+    if (out is None and stream is None and torch is not None and type(q) is torch.Tensor
+            and not torch.compiler.is_compiling()):
+        # In place on PyTorch tensors: the operators' eager entry takes them as they are, without a
+        # DLPack export each (python/torch_ops/eager.cpp); it declines, having done nothing, the
+        # arguments it does not take (a tensor that autograd would track among them), and the way
+        # below takes the call.
+        entry = _torch_entry()
+        if entry is not None and entry(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache,
+                                       inverse, backend, max_position):
+            return q, k
     if getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False):
         _refuse_autograd(q, "q")
         _refuse_autograd(k, "k")
@@ -101,7 +115,6 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
     else:
         handle = _current_stream(q)
 
-    torch = sys.modules.get("torch")  # Loaded when any array is a PyTorch tensor.
     bits = 0
     for i, array in enumerate(arrays):
         if array is None:
@@ -116,6 +129,25 @@ def apply(q: Any, k: Any, config: Config, positions: Union[None, int, Any] = Non
     _rope.apply(backend or "", config._native, q, k, q_out, k_out, layout, offset, ids, cu_seqlens, starts,
                 cp_size, cp_rank, max_position, cos_sin_cache, bool(inverse), handle, bits)
     return result
+
+
+# --- PyTorch tensors: the operators' eager entry ----------------------------------------
+_ENTRY_UNSET = object()
+_entry = _ENTRY_UNSET  # rope._torch_ops.apply_ once looked up, or None.
+
+
+def _torch_entry() -> Any:
+    """rope._torch_ops.apply_, loaded through rope.ops (which loads the C++ library only where it
+    was built for this PyTorch), or None where there is none."""
+    global _entry
+    if _entry is _ENTRY_UNSET:
+        try:
+            from . import ops
+        except ImportError:
+            ops = None
+        library = None if ops is None else ops._cpp_operator
+        _entry = None if library is None else library.apply_
+    return _entry
 
 
 def _cp(cp: Any) -> Tuple[int, int]:

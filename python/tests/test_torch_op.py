@@ -284,6 +284,51 @@ def test_eager_rope_is_the_cpp_kernel_without_the_dispatcher():
     assert torch.equal(q, q_before)
 
 
+def test_rope_apply_takes_the_eager_entry_for_torch_tensors_and_dlpack_for_the_rest():
+    # rope.apply in place on plain torch tensors calls rope._torch_ops.apply_ (eager.cpp): the operator's
+    # kernel, whose version-counter move the DLPack way does not make. Every other call goes through
+    # DLPack as before: an argument that is no torch.Tensor, out=, an explicit stream, and an inference
+    # tensor outside torch.inference_mode() (rotated, as rope.apply always has).
+    if not CPP_EXPECTED or os.environ.get("ROPE_PYTHON_OPERATOR") == "1":
+        pytest.skip("rope/_torch_ops.so not loaded: rope.apply has no eager entry")
+    config = rope.Config(head_dim=32, base=500.0)
+    g = torch.Generator().manual_seed(11)
+    q, k = torch.randn(2, 4, 8, 32, generator=g), torch.randn(2, 2, 8, 32, generator=g)
+    want_q, want_k = q.clone(), k.clone()
+    ops.rope_(want_q, want_k, config, positions=5, backend="cpu-naive")
+    versions = q._version, k._version
+    assert rope.apply(q, k, config, positions=5, backend="cpu-naive") == (q, k)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    assert (q._version, k._version) == (versions[0] + 1, versions[1] + 1)
+
+    def through_dlpack(call, q, k):
+        before = q._version
+        call(q, k)
+        assert q._version == before  # The DLPack way moves no counter.
+
+    fresh = [(torch.randn(2, 4, 8, 32, generator=g), torch.randn(2, 2, 8, 32, generator=g)) for _ in range(3)]
+    for (a, b), call in zip(fresh, (
+            lambda a, b: rope.apply(a, b.numpy(), config, positions=5, backend="cpu-naive"),
+            lambda a, b: rope.apply(a, b, config, positions=5, backend="cpu-naive", stream=0),
+            lambda a, b: rope.apply(a.clone(), b.clone(), config, positions=5, backend="cpu-naive", out=(a, b)))):
+        start_a, start_b = a.clone(), b.clone()
+        through_dlpack(call, a, b)
+        expected_a, expected_b = start_a.clone(), start_b.clone()
+        ops.rope_(expected_a, expected_b, config, positions=5, backend="cpu-naive")
+        assert torch.equal(a, expected_a) and torch.equal(b, expected_b)
+    with torch.inference_mode():
+        a, b = torch.randn(1, 2, 4, 32, generator=g), torch.randn(1, 2, 4, 32, generator=g)
+        want_a, want_b = a.clone(), b.clone()
+        ops.rope_(want_a, want_b, config, positions=3)
+    rope.apply(a, b, config, positions=3)
+    assert torch.equal(a, want_a) and torch.equal(b, want_b)
+    # A bad call is refused by name through the entry, before anything is written.
+    q_before = q.clone()
+    with pytest.raises(rope.Error, match=re.escape("k heads = 3: must divide q heads = 4")):
+        rope.apply(q, torch.randn(2, 3, 8, 32, generator=g), config)
+    assert torch.equal(q, q_before) and q._version == versions[0] + 1
+
+
 def test_eager_rope_leaves_to_the_dispatcher_what_pytorch_must_see():
     # rope.ops.rope_'s C++ entry declines a call that a mode or a tensor subclass must see, and
     # the argument forms that Python converts first: each such call goes through

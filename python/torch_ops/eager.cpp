@@ -24,6 +24,12 @@
 // two ints, ...). rope.ops then calls the operator. Under torch.compile
 // neither is called (rope.ops checks torch.compiler.is_compiling()).
 //
+// rope.apply on PyTorch tensors takes the same way, through apply_ (rope/_apply.py): at decode its
+// DLPack exports, one per tensor, cost more than the kernel's launch. apply_ declines, besides
+// rope_'s cases, any argument that is no torch.Tensor (a NumPy or CuPy array: rope.apply's DLPack
+// way takes the call) and an inference tensor outside torch.inference_mode(), which rope.apply has
+// always rotated and the operator refuses.
+//
 // The library is one file with operator.cpp: importing rope._torch_ops also
 // registers the operators with PyTorch (TORCH_LIBRARY runs when it is loaded).
 #include <cstdint>
@@ -60,13 +66,20 @@ void bump_version(const at::Tensor& tensor) {
     if (!c10::InferenceMode::is_enabled() && !tensor.is_inference()) tensor.unsafeGetTensorImpl()->bump_version();
 }
 
+// Whose arguments an entry reads: rope.ops' (every tensor argument a torch.Tensor or None) or
+// rope.apply's (any array with __dlpack__: an argument that is no torch.Tensor is for rope.apply's
+// own way through DLPack, which then takes the whole call).
+enum class Caller { ops, apply };
+
 // Each take_* reads one argument: false where the entries decline the call (the general way takes it).
 // A tensor argument (q, k, cu_seqlens, starts, cos_sin_cache): None, or a plain tensor.
-// Anything that is no torch.Tensor at all is an error naming the argument, as the operator's.
-bool take_tensor(const char* name, nb::handle object, const at::Tensor*& tensor) {
+// Anything that is no torch.Tensor at all is, for rope.ops, an error naming the argument, as the operator's.
+bool take_tensor(const char* name, nb::handle object, const at::Tensor*& tensor, Caller caller) {
     const PythonTensor unpacked = unpack_tensor(object.ptr());
-    if (unpacked.kind == PythonTensorKind::other)
+    if (unpacked.kind == PythonTensorKind::other) {
+        if (caller == Caller::apply) return false;
         rope::fail(name, Py_TYPE(object.ptr())->tp_name, "must be a torch.Tensor");
+    }
     tensor = unpacked.tensor;
     return unpacked.kind != PythonTensorKind::dispatched;
 }
@@ -111,17 +124,21 @@ bool take_config(nb::handle config, nb::object& holder, std::string_view& key) {
     return take_text(holder, {}, key) && !key.empty();
 }
 
-// rope.ops.rope_'s and rope.ops.rope's arguments, as given, read into @p tensors and @p scalars:
-// false where the call must take the general way (nothing read but the arguments). @p key_holder
-// keeps the config's key alive while scalars.config points into it. Throws rope::Error for a bad call.
+// rope.ops.rope_'s, rope.ops.rope's and rope.apply's arguments, as given, read into @p tensors and
+// @p scalars: false where the call must take the general way (nothing read but the arguments).
+// @p key_holder keeps the config's key alive while scalars.config points into it. Throws rope::Error
+// for a bad call.
 bool take_call(nb::handle q, nb::handle k, nb::handle config, nb::handle positions, nb::handle layout,
                nb::handle cu_seqlens, nb::handle starts, nb::handle cp, nb::handle cos_sin_cache, nb::handle inverse,
-               nb::handle backend, nb::handle max_position, CallTensors& tensors, CallScalars& scalars,
-               nb::object& key_holder) {
+               nb::handle backend, nb::handle max_position, Caller caller, CallTensors& tensors,
+               CallScalars& scalars, nb::object& key_holder) {
     if (python_modes_active()) return false;
     // The tensors are borrowed from the arguments, which live until the call returns.
-    if (!take_tensor("q", q, tensors.q) || !take_tensor("k", k, tensors.k)) return false;
-    if (tensors.q == nullptr) rope::fail("q", "None", "must be a torch.Tensor");
+    if (!take_tensor("q", q, tensors.q, caller) || !take_tensor("k", k, tensors.k, caller)) return false;
+    if (tensors.q == nullptr) {
+        if (caller == Caller::apply) return false;
+        rope::fail("q", "None", "must be a torch.Tensor");
+    }
     if (!take_config(config, key_holder, scalars.config)) return false;
     // positions: None (from 0), an int offset, or a tensor of ids (other forms: converted in Python).
     if (!positions.is_none() && !take_int(positions, scalars.offset)) {
@@ -143,8 +160,9 @@ bool take_call(nb::handle q, nb::handle k, nb::handle config, nb::handle positio
         return false;
     }
     scalars.inverse = inverse_value != 0;
-    return take_tensor("cu_seqlens", cu_seqlens, tensors.cu_seqlens) && take_tensor("starts", starts, tensors.starts) &&
-           take_tensor("cos_sin_cache", cos_sin_cache, tensors.cos_sin_cache);
+    return take_tensor("cu_seqlens", cu_seqlens, tensors.cu_seqlens, caller) &&
+           take_tensor("starts", starts, tensors.starts, caller) &&
+           take_tensor("cos_sin_cache", cos_sin_cache, tensors.cos_sin_cache, caller);
 }
 
 #if ROPE_TORCH_OPS_CUDA
@@ -160,17 +178,28 @@ void rotate_without_gil(const CallTensors& tensors, const CallScalars& scalars) 
     rotate(run, tensors, scalars);
 }
 
-// rope.ops.rope_'s arguments, as given: true when the call ran, false when it must take the
-// general way (nothing read but the arguments, nothing written). Raises rope.Error for a bad call.
-bool rope_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positions, nb::handle layout,
-                nb::handle cu_seqlens, nb::handle starts, nb::handle cp, nb::handle cos_sin_cache, nb::handle inverse,
-                nb::handle backend, nb::handle max_position) {
+bool is_inference(const at::Tensor* tensor) { return tensor != nullptr && tensor->is_inference(); }
+bool records_grad(const at::Tensor* tensor) { return tensor != nullptr && tensor->requires_grad(); }
+
+// The in-place call of rope.ops.rope_ or rope.apply, its arguments as given: true when the call ran,
+// false when it must take the general way (nothing read but the arguments, nothing written). Raises
+// rope.Error for a bad call.
+bool in_place_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positions, nb::handle layout,
+                    nb::handle cu_seqlens, nb::handle starts, nb::handle cp, nb::handle cos_sin_cache,
+                    nb::handle inverse, nb::handle backend, nb::handle max_position, Caller caller) {
     try {
         CallTensors tensors;
         CallScalars scalars;
         nb::object key_holder;
         if (!take_call(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
-                       max_position, tensors, scalars, key_holder))
+                       max_position, caller, tensors, scalars, key_holder))
+            return false;
+        // rope.apply has always rotated inference tensors outside torch.inference_mode() (through
+        // DLPack, which PyTorch does not watch), which the operator refuses, and refused a tensor that
+        // autograd tracks, naming the way out: its own way does both.
+        if (caller == Caller::apply &&
+            ((!c10::InferenceMode::is_enabled() && (is_inference(tensors.q) || is_inference(tensors.k))) ||
+             (at::GradMode::is_enabled() && (records_grad(tensors.q) || records_grad(tensors.k)))))
             return false;
         rotate_without_gil(tensors, scalars);
         bump_version(*tensors.q);
@@ -181,7 +210,22 @@ bool rope_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positi
     }
 }
 
-bool records_grad(const at::Tensor* tensor) { return tensor != nullptr && tensor->requires_grad(); }
+// rope.ops.rope_'s arguments: in_place_eager for rope.ops.
+bool rope_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positions, nb::handle layout,
+                nb::handle cu_seqlens, nb::handle starts, nb::handle cp, nb::handle cos_sin_cache, nb::handle inverse,
+                nb::handle backend, nb::handle max_position) {
+    return in_place_eager(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
+                          max_position, Caller::ops);
+}
+
+// rope.apply's arguments (an in-place call on the current stream: rope.apply declines out and stream
+// itself): in_place_eager for rope.apply, which declines where an argument is no torch.Tensor.
+bool apply_eager(nb::handle q, nb::handle k, nb::handle config, nb::handle positions, nb::handle layout,
+                 nb::handle cu_seqlens, nb::handle starts, nb::handle cp, nb::handle cos_sin_cache, nb::handle inverse,
+                 nb::handle backend, nb::handle max_position) {
+    return in_place_eager(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
+                          max_position, Caller::apply);
+}
 
 // rope.ops.rope's arguments, as given: (q_rotated, k_rotated or None), new tensors, when the call
 // ran; None when it must take the general way. That includes every call autograd must record (a
@@ -196,7 +240,7 @@ nb::object rope_functional_eager(nb::handle q, nb::handle k, nb::handle config, 
         CallScalars scalars;
         nb::object key_holder;
         if (!take_call(q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, inverse, backend,
-                       max_position, tensors, scalars, key_holder))
+                       max_position, Caller::ops, tensors, scalars, key_holder))
             return nb::none();
         if (at::GradMode::is_enabled() &&
             (records_grad(tensors.q) || records_grad(tensors.k) || records_grad(tensors.cos_sin_cache)))
@@ -232,6 +276,12 @@ NB_MODULE(_torch_ops, m) {
           "rope.ops.rope_'s arguments (q, k, config, positions, layout, cu_seqlens, starts, cp, cos_sin_cache, "
           "inverse, backend, max_position): runs the operator's kernel without PyTorch's dispatcher and returns "
           "True, or returns False having done nothing where PyTorch must see the call; raises rope.Error.");
+    m.def("apply_", &rope_torch::apply_eager, "q"_a.none(), "k"_a.none(), "config"_a.none(), "positions"_a.none(),
+          "layout"_a.none(), "cu_seqlens"_a.none(), "starts"_a.none(), "cp"_a.none(), "cos_sin_cache"_a.none(),
+          "inverse"_a.none(), "backend"_a.none(), "max_position"_a.none(),
+          "rope.apply's in-place arguments, as rope_'s: runs the operator's kernel on PyTorch tensors and returns "
+          "True, or returns False having done nothing where rope.apply's DLPack way must take the call (an "
+          "argument that is no torch.Tensor among them); raises rope.Error.");
     m.def("rope", &rope_torch::rope_functional_eager, "q"_a.none(), "k"_a.none(), "config"_a.none(),
           "positions"_a.none(), "layout"_a.none(), "cu_seqlens"_a.none(), "starts"_a.none(), "cp"_a.none(),
           "cos_sin_cache"_a.none(), "inverse"_a.none(), "backend"_a.none(), "max_position"_a.none(),
