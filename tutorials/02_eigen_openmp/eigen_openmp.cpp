@@ -1,6 +1,6 @@
 // Chapter 2: Eigen + OpenMP, the ladder from cpu-naive to cpu-eigen.
 //
-// Four steps, each one idea more than the one before (step1..step4 *.cpp in
+// Five steps, each one idea more than the one before (step1..step5 *.cpp in
 // this folder, ladder.hpp lists them), solve one problem: a LLaMA-3-8B-sized
 // layer, q [1, 32, 2048, 128] and k with 8 heads, float32, in place. Each step
 // is checked against cpu-naive (through rope's public API) and timed as
@@ -97,7 +97,7 @@ int main() {
     const double error = tutorial::relative_l2(std::vector<float>(got.begin(), got.begin() + q_end),
                                                tutorial::rope_float64({input.begin(), input.begin() + q_end}, kQuery,
                                                                       formula));
-    checks.expect(error < 2e-5, "step 4 against the float64 formula: relative L2 " + tutorial::sci(error) + " < 2e-5");
+    checks.expect(error < 2e-5, "step 5 against the float64 formula: relative L2 " + tutorial::sci(error) + " < 2e-5");
 
     tutorial::print_section("3. Time, as rope-bench measures it");
     // The timer's sets: copies of q and k that together span twice the last-level

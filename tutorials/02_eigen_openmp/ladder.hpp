@@ -10,8 +10,9 @@
 //   step2_table.cpp            cos/sin once per position, shared by every head
 //   step3_openmp.cpp           OpenMP threads, each a contiguous share of the rows
 //   step4_heads_side_by_side.cpp  four heads walked together, token by token
+//   step5_visits.cpp           each head visited for two tokens before the next
 //
-// The library's cpu-eigen (cpu/eigen/) is step 4 grown to every dtype, layout,
+// The library's cpu-eigen (cpu/eigen/) is step 5 grown to every dtype, layout,
 // stride, pairing and position form.
 #include <cstdint>
 
@@ -33,17 +34,18 @@ struct Problem {
     }
 };
 
-/// Step 1's rotation of one row by per-pair cos and sin; steps 2 to 4 reuse it.
+/// Step 1's rotation of one row by per-pair cos and sin; steps 2 to 5 reuse it.
 /// Needs pairs % 8 == 0.
 void rotate_row(float* row, const float* cos, const float* sin, int64_t pairs);
 
-/// Step 2's row @p t of the cos/sin table (pairs floats each); steps 3 and 4 reuse it.
+/// Step 2's row @p t of the cos/sin table (pairs floats each); steps 3 to 5 reuse it.
 void fill_table_row(const Problem& p, int64_t t, float* cos, float* sin);
 
 void step1_eigen_row(const Problem& p);
 void step2_table(const Problem& p);
 void step3_openmp(const Problem& p);
 void step4_heads_side_by_side(const Problem& p);
+void step5_visits(const Problem& p);
 
 /// Names, one-line ideas and whether the step runs on every core, for the table.
 struct Step {
@@ -60,6 +62,8 @@ inline constexpr Step kSteps[] = {
     {"3 OpenMP", "step 2 with the table and the rows split among threads (omp parallel for)", step3_openmp, true},
     {"4 heads side by side", "each thread walks 4 heads token by token: a table row read once per 4 rows",
      step4_heads_side_by_side, true},
+    {"5 visits", "step 4, each head visited for 2 tokens before the next: 1 KiB of a stream at a time",
+     step5_visits, true},
 };
 
 }  // namespace ladder

@@ -11,7 +11,8 @@
 // rotates that token's row of each of the four heads while the table row is
 // in L1. The thread now reads four streams of memory at once (one per head),
 // each still in order, which the processor's prefetchers follow as well.
-// This is the walk cpu-eigen uses for this layout (cpu/eigen/work_split.hpp).
+// Step 5 stays on each stream longer: the walk cpu-eigen uses for this layout
+// (cpu/eigen/work_split.hpp).
 #include <algorithm>
 #include <cstddef>
 #include <vector>
