@@ -146,11 +146,11 @@ __attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-// The target also allows AVX512-BF16 (bf16 conversions), for the
-// one kernel that uses them (Bf16Instruction, below), which is picked only where the
-// processor has them. The compiler emits those instructions for their intrinsics only:
+// The target also allows AVX512-BF16 (bf16 conversions) and AVX512-DQ (a float's class),
+// for the one kernel that uses them (Bf16Instruction, below), which is picked only where the
+// processor has both. The compiler emits those instructions for their intrinsics only:
 // no other code here has their semantics, so the other kernels run on any AVX-512 processor.
-#define ROPE_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define ROPE_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16,avx512dq")))
 
 // Sixteen stored elements widened to float32 (exact).
 ROPE_AVX512 inline __m512 widen_16(__m256i elements, bfloat16 /*storage*/) {
@@ -218,13 +218,7 @@ ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, float16 storage) {
 // subnormal, so the branch is almost never taken).
 struct Bf16Instruction {};
 ROPE_AVX512 inline __mmask16 subnormal_lanes(__m512 values) {
-    const __m512i bits = _mm512_castps_si512(values);
-    return _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)) &  // exponent 0 ...
-           _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x007fffff));    // ... and a fraction.
-}
-ROPE_AVX512 inline __m256i narrow_16(__m512 values, Bf16Instruction /*rounding*/) {
-    if (subnormal_lanes(values) != 0) return narrow_16(values, bfloat16{});
-    return __m256i(_mm512_cvtneps_pbh(values));
+    return _mm512_fpclass_ps_mask(values, 0x20);  // Class 0x20: subnormal, either sign.
 }
 ROPE_AVX512 inline __m512i join_pairs(__m512 x, __m512 y, Bf16Instruction /*rounding*/) {
     if ((subnormal_lanes(x) | subnormal_lanes(y)) != 0) return join_pairs(x, y, bfloat16{});
@@ -266,6 +260,24 @@ ROPE_AVX512 inline void store_16(Storage* at, __m512 values) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), narrow_16(values, Rounding{}));
 }
 
+// x and y of sixteen half-split pairs, stored at @p x_at and @p y_at (rounded as Rounding says).
+template <typename Rounding, typename Storage>
+ROPE_AVX512 inline void store_pairs_16(Storage* x_at, Storage* y_at, WidePairs pairs, Rounding /*rounding*/) {
+    store_16<Rounding>(x_at, pairs.x);
+    store_16<Rounding>(y_at, pairs.y);
+}
+// bf16 by the processor's instruction: x and y rounded by one instruction (x in the low half,
+// y in the high half) after one test of both for subnormals.
+ROPE_AVX512 inline void store_pairs_16(bfloat16* x_at, bfloat16* y_at, WidePairs pairs, Bf16Instruction /*rounding*/) {
+    if ((subnormal_lanes(pairs.x) | subnormal_lanes(pairs.y)) != 0) {
+        store_pairs_16(x_at, y_at, pairs, bfloat16{});
+        return;
+    }
+    const __m512i halves = __m512i(_mm512_cvtne2ps_pbh(pairs.y, pairs.x));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x_at), _mm512_castsi512_si256(halves));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y_at), _mm512_extracti64x4_epi64(halves, 1));
+}
+
 // rotate_pair on sixteen pairs: x c - y s and y c + x s, each product rounded.
 ROPE_AVX512 inline WidePairs rotate_16(WidePairs pair, __m512 c, __m512 s) {
     return {_mm512_sub_ps(_mm512_mul_ps(pair.x, c), _mm512_mul_ps(pair.y, s)),
@@ -283,8 +295,7 @@ ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const fl
         if constexpr (kStyle == Style::half_split) {
             // x = features [i, i + 16), y = [pairs + i, pairs + i + 16): two runs of sixteen.
             const WidePairs rotated = rotate_16({load_16(in.data + i), load_16(in.data + pairs + i)}, c, s);
-            store_16<Rounding>(out.data + i, rotated.x);
-            store_16<Rounding>(out.data + pairs + i, rotated.y);
+            store_pairs_16(out.data + i, out.data + pairs + i, rotated, Rounding{});
         } else if constexpr (std::is_same_v<Storage, float>) {
             // Sixteen pairs = 32 floats in a row, two 64-byte loads and stores.
             const float* const at = in.data + 2 * i;
@@ -324,7 +335,7 @@ RowKernel<Storage> wide_row_kernel(Style style, int64_t rotary_dim) {
 #ifdef ROPE_HAVE_AVX512_KERNEL
     const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     if constexpr (std::is_same_v<Storage, bfloat16>) {
-        if (avx512 && __builtin_cpu_supports("avx512bf16"))
+        if (avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq"))
             return style == Style::half_split ? rotate_avx512<Storage, Style::half_split, Bf16Instruction>
                                               : rotate_avx512<Storage, Style::interleaved, Bf16Instruction>;
     }
