@@ -146,11 +146,13 @@ __attribute__((target("avx2,f16c"))) void rotate_f16c(Row<const float16> in, Row
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-// The target also allows AVX512-BF16 (bf16 conversions) and AVX512-DQ (a float's class),
-// for the one kernel that uses them (Bf16Instruction, below), which is picked only where the
-// processor has both. The compiler emits those instructions for their intrinsics only:
-// no other code here has their semantics, so the other kernels run on any AVX-512 processor.
-#define ROPE_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16,avx512dq")))
+// AVX512-DQ (a float's class, below) is part of the target: every processor with AVX512-BW
+// has it, and the kernels are picked only where the processor reports F, BW and DQ, since the
+// compiler may use DQ's instructions anywhere here. The target also allows AVX512-BF16 (bf16
+// conversions), for the one kernel that uses them (Bf16Instruction, below), which is picked only
+// where the processor has them. The compiler emits those instructions for their intrinsics only:
+// no other code here has their semantics, so the other kernels run without them.
+#define ROPE_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
 
 // Sixteen stored elements widened to float32 (exact).
 ROPE_AVX512 inline __m512 widen_16(__m256i elements, bfloat16 /*storage*/) {
@@ -333,9 +335,10 @@ ROPE_AVX512 void rotate_avx512(Row<const Storage> in, Row<Storage> out, const fl
 template <typename Storage>
 RowKernel<Storage> wide_row_kernel(Style style, int64_t rotary_dim) {
 #ifdef ROPE_HAVE_AVX512_KERNEL
-    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512dq");
     if constexpr (std::is_same_v<Storage, bfloat16>) {
-        if (avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq"))
+        if (avx512 && __builtin_cpu_supports("avx512bf16"))
             return style == Style::half_split ? rotate_avx512<Storage, Style::half_split, Bf16Instruction>
                                               : rotate_avx512<Storage, Style::interleaved, Bf16Instruction>;
     }

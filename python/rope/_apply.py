@@ -146,7 +146,7 @@ def _torch_entry() -> Any:
         except ImportError:
             ops = None
         library = None if ops is None else ops._cpp_operator
-        _entry = None if library is None else library.apply_
+        _entry = None if library is None else getattr(library, "apply_", None)
     return _entry
 
 
