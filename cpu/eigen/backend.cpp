@@ -151,6 +151,7 @@ private:
         const RowKernel<Storage> kernels[2] = {pick_row_kernel<Storage>(plan.style, plan.q, plan.rotary_dim),
                                                pick_row_kernel<Storage>(plan.style, plan.k, plan.rotary_dim)};
         const RowShape shape{plan.pairs, plan.rotary_dim, plan.head_dim};
+        const int64_t row_bytes = plan.head_dim * int64_t(sizeof(Storage));
         const int64_t chunks = split.position_rows * split.chunks_per_row;
         // Large out-of-place float32 calls with half-split pairs stream their rows
         // out (streaming_stores.hpp): each row is rotated into a buffer in L1, then
@@ -183,6 +184,7 @@ private:
                     auto row = walk.first();
                     for (int64_t i = 0; i < rows; ++i) {
                         const int64_t entry = walk.table_row(row) * plan.pairs;
+                        prefetch_ahead(row.row, row_bytes, !streaming);
                         if (streaming) {
                             row.row.kernel(row.row.in, {finished_row, 1}, cos + entry, sin + entry, shape);
                             streamer.write(finished_row, row.row.out.data, plan.head_dim * int64_t(sizeof(Storage)));

@@ -71,6 +71,14 @@ constexpr int64_t kHeadsSideBySide = 4;
 // short row keeps the memory system from streaming any of them at full speed;
 // the visit's table rows stay in L1 (bench/results/notes/cpu-eigen.md: how much).
 constexpr int64_t kVisitBytes = 1024;
+// Bytes ahead in each head's stream that a thread asks for with a software
+// prefetch before it rotates a row, where a head's tokens are adjacent
+// ([b, h, s, d]): the row this far further along the same head. A thread's
+// kHeadsSideBySide streams, each visited for kVisitBytes and then left for the
+// next, are more than the processor's own prefetchers keep ahead of: without it
+// most of a row's time was the wait for its first load
+// (bench/results/notes/cpu-eigen.md: how much, and the distances tried).
+constexpr int64_t kPrefetchBytes = 2048;
 // Tiles per thread: enough that an uneven last tile costs little.
 constexpr int64_t kTilesPerThread = 8;
 
@@ -91,6 +99,7 @@ struct WorkSplit {
     int64_t head_ranges = 1;     // Ranges the heads are cut into.
     bool heads_outer = true;     // Threads split heads (true) or tokens (false).
     int64_t visit_tokens = 1;    // Tokens of one head walked before the next head (heads_outer).
+    int64_t prefetch_tokens = 0;  // Tokens ahead of a row whose row is prefetched (0: none).
     int64_t seq = 0;
 
     Chunk chunk(int64_t index) const {
@@ -124,6 +133,10 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
         split.tile_tokens = (split.chunk_tokens + ranges - 1) / ranges;
         const int64_t row_bytes = plan.head_dim * int64_t(dtype_size(plan.dtype));
         split.visit_tokens = std::max<int64_t>(1, kVisitBytes / std::max<int64_t>(row_bytes, 1));
+        // Contiguous rows only: a strided row spans more than the lines prefetched.
+        if (plan.q.in_geometry.stride_dim == 1 && plan.k.in_geometry.stride_dim == 1 &&
+            plan.q.out_geometry.stride_dim == 1 && plan.k.out_geometry.stride_dim == 1)
+            split.prefetch_tokens = std::max<int64_t>(1, kPrefetchBytes / std::max<int64_t>(row_bytes, 1));
     } else {
         split.tile_tokens = std::clamp<int64_t>(kTileTableBytes / table_row_bytes, 1, split.chunk_tokens);
         const int64_t ranges = split.token_ranges(split.chunk(0));
@@ -145,7 +158,25 @@ struct HeadRow {
     Row<const Storage> in;
     Row<Storage> out;
     RowKernel<Storage> kernel;
+    const Storage* in_ahead = nullptr;  // The same head's row WorkSplit::prefetch_tokens on, if any.
+    Storage* out_ahead = nullptr;       // Its output row, when not in place.
 };
+
+// Asks for @p row's rows ahead (HeadRow::in_ahead, out_ahead; kPrefetchBytes):
+// the input to read and, with @p output, the output to write (fetched for
+// writing, so the stores find their lines owned; not for rows streamed out
+// past the caches). A prefetch reads nothing into a register and cannot
+// fault; the rows are the tensor's own.
+template <typename Storage>
+inline void prefetch_ahead(const HeadRow<Storage>& row, int64_t row_bytes, bool output) {
+    constexpr int64_t kLine = 64;
+    if (row.in_ahead != nullptr)
+        for (int64_t b = 0; b < row_bytes; b += kLine)
+            __builtin_prefetch(reinterpret_cast<const char*>(row.in_ahead) + b, 0, 3);
+    if (output && row.out_ahead != nullptr)
+        for (int64_t b = 0; b < row_bytes; b += kLine)
+            __builtin_prefetch(reinterpret_cast<const char*>(row.out_ahead) + b, 1, 3);
+}
 
 // The rows of one tile, in the order a thread visits them: token by token,
 // and each token's heads in order; or, where a visit spans several tokens
@@ -182,6 +213,7 @@ public:
         tokens_ = std::min(split.tile_tokens, chunk.tokens - first_token_);
         chunk_first_token_ = chunk.first_token;
         visit_tokens_ = split.heads_outer ? split.visit_tokens : 1;
+        prefetch_tokens_ = split.prefetch_tokens;
     }
 
     int64_t size() const { return heads_ * tokens_; }
@@ -233,6 +265,9 @@ private:
         row.out.data = static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0);
         row.out.stride = out.stride_dim;
         row.kernel = kernels_[is_q ? 0 : 1];
+        const bool ahead = prefetch_tokens_ > 0 && s + prefetch_tokens_ < plan_.seq;  // A row of the tensor.
+        row.in_ahead = ahead ? row.in.data + prefetch_tokens_ * in.stride_seq : nullptr;
+        row.out_ahead = ahead && operand.out != operand.in ? row.out.data + prefetch_tokens_ * out.stride_seq : nullptr;
     }
 
     const Plan& plan_;
@@ -245,6 +280,7 @@ private:
     int64_t tokens_ = 0;           // Tokens in the tile.
     int64_t chunk_first_token_ = 0;  // First token of the chunk, within the sequence.
     int64_t visit_tokens_ = 1;     // Tokens per visit of a head.
+    int64_t prefetch_tokens_ = 0;  // WorkSplit::prefetch_tokens.
 };
 
 }  // namespace
