@@ -17,9 +17,9 @@
 //      with the widest instructions the processor has, which for fp16/bf16 rows
 //      also widen and round back (wide_rows.cpp). row.hpp lists the kernels.
 //   3. OpenMP threads each stream one contiguous region of memory, also when
-//      decoding a single token (work_split.hpp: the picture), and where a
-//      head's tokens are adjacent ask for each head's rows ahead with software
-//      prefetches (work_split.hpp, kPrefetchBytes); out-of-place
+//      decoding a single token (work_split.hpp: the picture), and ask for
+//      each head's rows ahead with software prefetches (work_split.hpp,
+//      kPrefetchBytes); out-of-place
 //      float32 outputs of half-split pairs larger than the last-level cache
 //      are written with streaming stores, by whole lines (streaming_stores.hpp).
 //

@@ -37,10 +37,12 @@
 // Within a tile the rows are walked token by token, each token's heads in
 // order (RowWalk), so that a token's row of the table is read once and then
 // from L1; for [b, h, s, d] that means the tile's few heads advance side by
-// side, each its own stream of memory, which the processor's own prefetchers
-// follow without being asked. A stream is visited for kVisitBytes at least:
-// where a row is shorter (float32 at head_dim 128: 512 bytes), each head takes
-// the next few tokens of the walk in one visit, their table rows still in L1.
+// side, each its own stream of memory. A stream is visited for kVisitBytes at
+// least: where a row is shorter (float32 at head_dim 128: 512 bytes), each head
+// takes the next few tokens of the walk in one visit, their table rows still in
+// L1. In every layout, before a row is rotated, the same head's row some way
+// further on is asked for with a software prefetch (kPrefetchBytes), so that
+// the walk finds its rows in the caches instead of waiting for each.
 #include <algorithm>
 #include <cstdint>
 
@@ -71,13 +73,16 @@ constexpr int64_t kHeadsSideBySide = 4;
 // short row keeps the memory system from streaming any of them at full speed;
 // the visit's table rows stay in L1 (bench/results/notes/cpu-eigen.md: how much).
 constexpr int64_t kVisitBytes = 1024;
-// Bytes ahead in each head's stream that a thread asks for with a software
-// prefetch before it rotates a row, where a head's tokens are adjacent
-// ([b, h, s, d]): the row this far further along the same head. A thread's
-// kHeadsSideBySide streams, each visited for kVisitBytes and then left for the
-// next, are more than the processor's own prefetchers keep ahead of: without it
-// most of a row's time was the wait for its first load
-// (bench/results/notes/cpu-eigen.md: how much, and the distances tried).
+// Bytes of the walk ahead that a thread asks for with software prefetches
+// before it rotates a row: the same head's row on the token that many bytes of
+// rows later (its next token at least). Where a head's tokens are adjacent
+// ([b, h, s, d]) a thread's kHeadsSideBySide streams, each visited for
+// kVisitBytes and then left for the next, are more than the processor's own
+// prefetchers keep ahead of; where a token's heads are adjacent
+// ([b, s, h, d]) a tile's q and k rows are two streams taken in turn, and the
+// prefetchers fell behind there too. Without it most of a row's time was the
+// wait for its first load (bench/results/notes/cpu-eigen.md: how much, and
+// the distances tried).
 constexpr int64_t kPrefetchBytes = 2048;
 // Tiles per thread: enough that an uneven last tile costs little.
 constexpr int64_t kTilesPerThread = 8;
@@ -99,7 +104,7 @@ struct WorkSplit {
     int64_t head_ranges = 1;     // Ranges the heads are cut into.
     bool heads_outer = true;     // Threads split heads (true) or tokens (false).
     int64_t visit_tokens = 1;    // Tokens of one head walked before the next head (heads_outer).
-    int64_t prefetch_tokens = 0;  // Tokens ahead of a row whose row is prefetched (0: none).
+    int64_t prefetch_tokens = 0;  // Tokens on from a row's whose row of the same head is prefetched (0: none).
     int64_t seq = 0;
 
     Chunk chunk(int64_t index) const {
@@ -133,10 +138,6 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
         split.tile_tokens = (split.chunk_tokens + ranges - 1) / ranges;
         const int64_t row_bytes = plan.head_dim * int64_t(dtype_size(plan.dtype));
         split.visit_tokens = std::max<int64_t>(1, kVisitBytes / std::max<int64_t>(row_bytes, 1));
-        // Contiguous rows only: a strided row spans more than the lines prefetched.
-        if (plan.q.in_geometry.stride_dim == 1 && plan.k.in_geometry.stride_dim == 1 &&
-            plan.q.out_geometry.stride_dim == 1 && plan.k.out_geometry.stride_dim == 1)
-            split.prefetch_tokens = std::max<int64_t>(1, kPrefetchBytes / std::max<int64_t>(row_bytes, 1));
     } else {
         split.tile_tokens = std::clamp<int64_t>(kTileTableBytes / table_row_bytes, 1, split.chunk_tokens);
         const int64_t ranges = split.token_ranges(split.chunk(0));
@@ -148,6 +149,16 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
         const int64_t sequences = split.heads / (plan.q.in_geometry.heads + plan.k.in_geometry.heads);
         split.head_ranges = std::min((split.head_ranges + sequences - 1) / sequences * sequences, split.heads);
     }
+    // The rows a thread walks between one token of a head and the next: one visit's worth of
+    // the tile's heads ([b, h, s, d]: each head visit_tokens in turn, so the same head's row
+    // kPrefetchBytes on is that many bytes of its own stream ahead) or a whole token of them.
+    // Contiguous rows only: a strided row spans more than the lines prefetched.
+    const int64_t row_bytes = std::max<int64_t>(1, plan.head_dim * int64_t(dtype_size(plan.dtype)));
+    const int64_t bytes_per_token =
+        split.heads_outer ? row_bytes : row_bytes * ((split.heads + split.head_ranges - 1) / split.head_ranges);
+    if (plan.q.in_geometry.stride_dim == 1 && plan.k.in_geometry.stride_dim == 1 &&
+        plan.q.out_geometry.stride_dim == 1 && plan.k.out_geometry.stride_dim == 1)
+        split.prefetch_tokens = std::max<int64_t>(1, kPrefetchBytes / bytes_per_token);
     return split;
 }
 
