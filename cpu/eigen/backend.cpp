@@ -17,7 +17,9 @@
 //      with the widest instructions the processor has, which for fp16/bf16 rows
 //      also widen and round back (wide_rows.cpp). row.hpp lists the kernels.
 //   3. OpenMP threads each stream one contiguous region of memory, also when
-//      decoding a single token (work_split.hpp: the picture); out-of-place
+//      decoding a single token (work_split.hpp: the picture), and ask for
+//      each head's rows ahead with software prefetches (work_split.hpp,
+//      kPrefetchBytes); out-of-place
 //      float32 outputs of half-split pairs larger than the last-level cache
 //      are written with streaming stores, by whole lines (streaming_stores.hpp).
 //
@@ -151,6 +153,7 @@ private:
         const RowKernel<Storage> kernels[2] = {pick_row_kernel<Storage>(plan.style, plan.q, plan.rotary_dim),
                                                pick_row_kernel<Storage>(plan.style, plan.k, plan.rotary_dim)};
         const RowShape shape{plan.pairs, plan.rotary_dim, plan.head_dim};
+        const int64_t row_bytes = plan.head_dim * int64_t(sizeof(Storage));
         const int64_t chunks = split.position_rows * split.chunks_per_row;
         // Large out-of-place float32 calls with half-split pairs stream their rows
         // out (streaming_stores.hpp): each row is rotated into a buffer in L1, then
@@ -183,6 +186,7 @@ private:
                     auto row = walk.first();
                     for (int64_t i = 0; i < rows; ++i) {
                         const int64_t entry = walk.table_row(row) * plan.pairs;
+                        prefetch_ahead(row.row, row_bytes, !streaming);
                         if (streaming) {
                             row.row.kernel(row.row.in, {finished_row, 1}, cos + entry, sin + entry, shape);
                             streamer.write(finished_row, row.row.out.data, plan.head_dim * int64_t(sizeof(Storage)));

@@ -37,10 +37,12 @@
 // Within a tile the rows are walked token by token, each token's heads in
 // order (RowWalk), so that a token's row of the table is read once and then
 // from L1; for [b, h, s, d] that means the tile's few heads advance side by
-// side, each its own stream of memory, which the processor's own prefetchers
-// follow without being asked. A stream is visited for kVisitBytes at least:
-// where a row is shorter (float32 at head_dim 128: 512 bytes), each head takes
-// the next few tokens of the walk in one visit, their table rows still in L1.
+// side, each its own stream of memory. A stream is visited for kVisitBytes at
+// least: where a row is shorter (float32 at head_dim 128: 512 bytes), each head
+// takes the next few tokens of the walk in one visit, their table rows still in
+// L1. In every layout, before a row is rotated, the same head's row some way
+// further on is asked for with a software prefetch (kPrefetchBytes), so that
+// the walk finds its rows in the caches instead of waiting for each.
 #include <algorithm>
 #include <cstdint>
 
@@ -71,6 +73,17 @@ constexpr int64_t kHeadsSideBySide = 4;
 // short row keeps the memory system from streaming any of them at full speed;
 // the visit's table rows stay in L1 (bench/results/notes/cpu-eigen.md: how much).
 constexpr int64_t kVisitBytes = 1024;
+// Bytes of the walk ahead that a thread asks for with software prefetches
+// before it rotates a row: the same head's row on the token that many bytes of
+// rows later (its next token at least). Where a head's tokens are adjacent
+// ([b, h, s, d]) a thread's kHeadsSideBySide streams, each visited for
+// kVisitBytes and then left for the next, are more than the processor's own
+// prefetchers keep ahead of; where a token's heads are adjacent
+// ([b, s, h, d]) a tile's q and k rows are two streams taken in turn, and the
+// prefetchers fell behind there too. Without it most of a row's time was the
+// wait for its first load (bench/results/notes/cpu-eigen.md: how much, and
+// the distances tried).
+constexpr int64_t kPrefetchBytes = 2048;
 // Tiles per thread: enough that an uneven last tile costs little.
 constexpr int64_t kTilesPerThread = 8;
 
@@ -91,6 +104,7 @@ struct WorkSplit {
     int64_t head_ranges = 1;     // Ranges the heads are cut into.
     bool heads_outer = true;     // Threads split heads (true) or tokens (false).
     int64_t visit_tokens = 1;    // Tokens of one head walked before the next head (heads_outer).
+    int64_t prefetch_tokens = 0;  // Tokens on from a row's whose row of the same head is prefetched (0: none).
     int64_t seq = 0;
 
     Chunk chunk(int64_t index) const {
@@ -135,6 +149,16 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
         const int64_t sequences = split.heads / (plan.q.in_geometry.heads + plan.k.in_geometry.heads);
         split.head_ranges = std::min((split.head_ranges + sequences - 1) / sequences * sequences, split.heads);
     }
+    // The rows a thread walks between one token of a head and the next: one visit's worth of
+    // the tile's heads ([b, h, s, d]: each head visit_tokens in turn, so the same head's row
+    // kPrefetchBytes on is that many bytes of its own stream ahead) or a whole token of them.
+    // Contiguous rows only: a strided row spans more than the lines prefetched.
+    const int64_t row_bytes = std::max<int64_t>(1, plan.head_dim * int64_t(dtype_size(plan.dtype)));
+    const int64_t bytes_per_token =
+        split.heads_outer ? row_bytes : row_bytes * ((split.heads + split.head_ranges - 1) / split.head_ranges);
+    if (plan.q.in_geometry.stride_dim == 1 && plan.k.in_geometry.stride_dim == 1 &&
+        plan.q.out_geometry.stride_dim == 1 && plan.k.out_geometry.stride_dim == 1)
+        split.prefetch_tokens = std::max<int64_t>(1, kPrefetchBytes / bytes_per_token);
     return split;
 }
 
@@ -145,7 +169,25 @@ struct HeadRow {
     Row<const Storage> in;
     Row<Storage> out;
     RowKernel<Storage> kernel;
+    const Storage* in_ahead = nullptr;  // The same head's row WorkSplit::prefetch_tokens on, if any.
+    Storage* out_ahead = nullptr;       // Its output row, when not in place.
 };
+
+// Asks for @p row's rows ahead (HeadRow::in_ahead, out_ahead; kPrefetchBytes):
+// the input to read and, with @p output, the output to write (fetched for
+// writing, so the stores find their lines owned; not for rows streamed out
+// past the caches). A prefetch reads nothing into a register and cannot
+// fault; the rows are the tensor's own.
+template <typename Storage>
+inline void prefetch_ahead(const HeadRow<Storage>& row, int64_t row_bytes, bool output) {
+    constexpr int64_t kLine = 64;
+    if (row.in_ahead != nullptr)
+        for (int64_t b = 0; b < row_bytes; b += kLine)
+            __builtin_prefetch(reinterpret_cast<const char*>(row.in_ahead) + b, 0, 3);
+    if (output && row.out_ahead != nullptr)
+        for (int64_t b = 0; b < row_bytes; b += kLine)
+            __builtin_prefetch(reinterpret_cast<const char*>(row.out_ahead) + b, 1, 3);
+}
 
 // The rows of one tile, in the order a thread visits them: token by token,
 // and each token's heads in order; or, where a visit spans several tokens
@@ -182,6 +224,7 @@ public:
         tokens_ = std::min(split.tile_tokens, chunk.tokens - first_token_);
         chunk_first_token_ = chunk.first_token;
         visit_tokens_ = split.heads_outer ? split.visit_tokens : 1;
+        prefetch_tokens_ = split.prefetch_tokens;
     }
 
     int64_t size() const { return heads_ * tokens_; }
@@ -233,6 +276,9 @@ private:
         row.out.data = static_cast<Storage*>(operand.out) + out.offset(cursor.sequence, head, s, 0);
         row.out.stride = out.stride_dim;
         row.kernel = kernels_[is_q ? 0 : 1];
+        const bool ahead = prefetch_tokens_ > 0 && s + prefetch_tokens_ < plan_.seq;  // A row of the tensor.
+        row.in_ahead = ahead ? row.in.data + prefetch_tokens_ * in.stride_seq : nullptr;
+        row.out_ahead = ahead && operand.out != operand.in ? row.out.data + prefetch_tokens_ * out.stride_seq : nullptr;
     }
 
     const Plan& plan_;
@@ -245,6 +291,7 @@ private:
     int64_t tokens_ = 0;           // Tokens in the tile.
     int64_t chunk_first_token_ = 0;  // First token of the chunk, within the sequence.
     int64_t visit_tokens_ = 1;     // Tokens per visit of a head.
+    int64_t prefetch_tokens_ = 0;  // WorkSplit::prefetch_tokens.
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Chapter 2: Eigen + OpenMP, the ladder from cpu-naive to cpu-eigen.
 //
-// Five steps, each one idea more than the one before (step1..step5 *.cpp in
+// Six steps, each one idea more than the one before (step1..step6 *.cpp in
 // this folder, ladder.hpp lists them), solve one problem: a LLaMA-3-8B-sized
 // layer, q [1, 32, 2048, 128] and k with 8 heads, float32, in place. Each step
 // is checked against cpu-naive (through rope's public API) and timed as

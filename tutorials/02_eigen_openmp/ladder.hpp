@@ -11,8 +11,9 @@
 //   step3_openmp.cpp           OpenMP threads, each a contiguous share of the rows
 //   step4_heads_side_by_side.cpp  four heads walked together, token by token
 //   step5_visits.cpp           each head visited for two tokens before the next
+//   step6_prefetch.cpp         each head's row four tokens ahead asked for before a row is rotated
 //
-// The library's cpu-eigen (cpu/eigen/) is step 5 grown to every dtype, layout,
+// The library's cpu-eigen (cpu/eigen/) is step 6 grown to every dtype, layout,
 // stride, pairing and position form.
 #include <cstdint>
 
@@ -34,11 +35,11 @@ struct Problem {
     }
 };
 
-/// Step 1's rotation of one row by per-pair cos and sin; steps 2 to 5 reuse it.
+/// Step 1's rotation of one row by per-pair cos and sin; steps 2 to 6 reuse it.
 /// Needs pairs % 8 == 0.
 void rotate_row(float* row, const float* cos, const float* sin, int64_t pairs);
 
-/// Step 2's row @p t of the cos/sin table (pairs floats each); steps 3 to 5 reuse it.
+/// Step 2's row @p t of the cos/sin table (pairs floats each); steps 3 to 6 reuse it.
 void fill_table_row(const Problem& p, int64_t t, float* cos, float* sin);
 
 void step1_eigen_row(const Problem& p);
@@ -46,6 +47,7 @@ void step2_table(const Problem& p);
 void step3_openmp(const Problem& p);
 void step4_heads_side_by_side(const Problem& p);
 void step5_visits(const Problem& p);
+void step6_prefetch(const Problem& p);
 
 /// Names, one-line ideas and whether the step runs on every core, for the table.
 struct Step {
@@ -64,6 +66,8 @@ inline constexpr Step kSteps[] = {
      step4_heads_side_by_side, true},
     {"5 visits", "step 4, each head visited for 2 tokens before the next: 1 KiB of a stream at a time",
      step5_visits, true},
+    {"6 prefetch", "step 5, each head's row 4 tokens ahead prefetched before a row is rotated",
+     step6_prefetch, true},
 };
 
 }  // namespace ladder
