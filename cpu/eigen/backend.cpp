@@ -189,7 +189,7 @@ private:
                         prefetch_ahead(row.row, row_bytes, !streaming);
                         if (streaming) {
                             row.row.kernel(row.row.in, {finished_row, 1}, cos + entry, sin + entry, shape);
-                            streamer.write(finished_row, row.row.out.data, plan.head_dim * int64_t(sizeof(Storage)));
+                            streamer.write(finished_row, row.row.out.data, row_bytes);
                         } else {
                             row.row.kernel(row.row.in, row.row.out, cos + entry, sin + entry, shape);
                         }

@@ -104,7 +104,7 @@ struct WorkSplit {
     int64_t head_ranges = 1;     // Ranges the heads are cut into.
     bool heads_outer = true;     // Threads split heads (true) or tokens (false).
     int64_t visit_tokens = 1;    // Tokens of one head walked before the next head (heads_outer).
-    int64_t prefetch_tokens = 0;  // Tokens on from a row's whose row of the same head is prefetched (0: none).
+    int64_t prefetch_tokens = 0;  // How far ahead, in tokens, the same head's row is prefetched (0: none).
     int64_t seq = 0;
 
     Chunk chunk(int64_t index) const {
@@ -126,6 +126,7 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
     split.chunk_tokens = std::clamp<int64_t>(kChunkTableBytes / table_row_bytes, 1, plan.seq);
     split.chunks_per_row = (plan.seq + split.chunk_tokens - 1) / split.chunk_tokens;
     split.heads_outer = plan.q.in_geometry.stride_seq < plan.q.in_geometry.stride_head;
+    const int64_t row_bytes = std::max<int64_t>(1, plan.head_dim * int64_t(dtype_size(plan.dtype)));
 
     // Enough tiles for every thread, cut from whichever axis comes first.
     const int64_t target_tiles = threads * kTilesPerThread;
@@ -136,8 +137,7 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
                                      (split.heads + kHeadsSideBySide - 1) / kHeadsSideBySide);
         const int64_t ranges = std::clamp<int64_t>((target_tiles + split.heads - 1) / split.heads, 1, split.chunk_tokens);
         split.tile_tokens = (split.chunk_tokens + ranges - 1) / ranges;
-        const int64_t row_bytes = plan.head_dim * int64_t(dtype_size(plan.dtype));
-        split.visit_tokens = std::max<int64_t>(1, kVisitBytes / std::max<int64_t>(row_bytes, 1));
+        split.visit_tokens = std::max<int64_t>(1, kVisitBytes / row_bytes);
     } else {
         split.tile_tokens = std::clamp<int64_t>(kTileTableBytes / table_row_bytes, 1, split.chunk_tokens);
         const int64_t ranges = split.token_ranges(split.chunk(0));
@@ -149,11 +149,10 @@ inline WorkSplit split_work(const Plan& plan, int64_t threads) {
         const int64_t sequences = split.heads / (plan.q.in_geometry.heads + plan.k.in_geometry.heads);
         split.head_ranges = std::min((split.head_ranges + sequences - 1) / sequences * sequences, split.heads);
     }
-    // The rows a thread walks between one token of a head and the next: one visit's worth of
-    // the tile's heads ([b, h, s, d]: each head visit_tokens in turn, so the same head's row
-    // kPrefetchBytes on is that many bytes of its own stream ahead) or a whole token of them.
-    // Contiguous rows only: a strided row spans more than the lines prefetched.
-    const int64_t row_bytes = std::max<int64_t>(1, plan.head_dim * int64_t(dtype_size(plan.dtype)));
+    // How many tokens ahead is kPrefetchBytes: in [b, h, s, d] a head's tokens are its own stream,
+    // so a token is one row of it; in [b, s, h, d] the walk takes all of a tile's heads before the
+    // next token, so a token is that many rows of the walk. Contiguous rows only: a strided row
+    // spans more than the lines prefetched.
     const int64_t bytes_per_token =
         split.heads_outer ? row_bytes : row_bytes * ((split.heads + split.head_ranges - 1) / split.head_ranges);
     if (plan.q.in_geometry.stride_dim == 1 && plan.k.in_geometry.stride_dim == 1 &&
