@@ -86,7 +86,9 @@ inline bool pairs_shareable(int64_t block_x, int64_t chunks, int64_t rotary_chun
 
 /// @brief The PairShare of a lane whose unit is @p unit: active when the launch allows it
 /// (@p shareable) and the warp's kPairs / 2 units (threadIdx.y's neighbours) all exist and
-/// belong to one token, which @p token_of tells. The same answer on every lane of a warp.
+/// belong to one token: @p token_of(u) of the warp's first and last units agree (a numbering
+/// whose token never decreases along the units, or a token_of that makes it so). The same
+/// answer on every lane of a warp.
 template <typename Path, typename TokenOf>
 __device__ inline PairShare warp_pair_share(bool shareable, int64_t unit, int64_t units, TokenOf&& token_of) {
     PairShare share;

@@ -268,8 +268,11 @@ __device__ inline void rotate_units(const UnitArgs<Capacity>& args) {
         PairShare share;
         if constexpr (Pipelined)
             share = warp_pair_share<Path>(args.share_pairs, unit, args.units, [&](int64_t other) {
-                return args.heads_adjacent ? args.by_slices.divide(other)
-                                           : other - args.by_tokens.divide(other) * args.tokens;
+                // Token-major, a unit's token grows with it: a warp's first and last units tell. Slice-major,
+                // neighbouring units are neighbouring tokens, wrapping at the last (units 0-3 of 3 tokens
+                // are tokens 0, 1, 2, 0): one token only when the call has one.
+                if (args.heads_adjacent) return args.by_slices.divide(other);
+                return args.tokens == 1 ? int64_t(0) : other;
             });
         for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
             if (chunk < args.rotary_chunks)
