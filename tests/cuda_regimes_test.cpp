@@ -16,10 +16,11 @@
 // GPU it is skipped.
 //
 // The same forms in small calls (decode steps and a few tokens: the latency
-// regime) follow, shaped so that a warp of cuda-optimized holds rows of one
-// token, where its lanes split the cos/sin of their chunk and exchange them
-// (cuda/optimized/prologue.cuh, PairShare), and so that some warps straddle
-// two tokens, where they do not.
+// regime) follow, shaped so that some warps of cuda-optimized hold rows of one
+// token and others straddle two, in both numberings of its units (token-major
+// where a token's heads are adjacent, slice-major at one token per sequence):
+// where a kernel lets a warp's lanes share a token's cos/sin (PairShare in
+// cuda/optimized/prologue.cuh), both kinds of warp are covered.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -180,7 +181,7 @@ TEST_CASE_TEMPLATE_DEFINE("CUDA: calls that fill the GPU (the bandwidth regime) 
 
 TEST_CASE_TEMPLATE_APPLY(bandwidth_regime, CudaBackends);
 
-TEST_CASE_TEMPLATE_DEFINE("CUDA: small calls of head_dim 128 (warps of one token share cos/sin) against the oracle", B,
+TEST_CASE_TEMPLATE_DEFINE("CUDA: small calls of head_dim 128 (decode steps, a few tokens) against the oracle", B,
                           latency_regime) {
     auto backend = testing::backend_or_skip(B::name);
     if (!backend) return;
