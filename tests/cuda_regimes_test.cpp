@@ -14,6 +14,13 @@
 // the float64 oracle and cpu-naive, with poisoned outputs and nothing written
 // outside the views (testing::check_call). Both CUDA backends run it; without a
 // GPU it is skipped.
+//
+// The same forms in small calls (decode steps and a few tokens: the latency
+// regime) follow, shaped so that some warps of cuda-optimized hold rows of one
+// token and others straddle two, in both numberings of its units (token-major
+// where a token's heads are adjacent, slice-major at one token per sequence):
+// where a kernel lets a warp's lanes share a token's cos/sin (PairShare in
+// cuda/optimized/prologue.cuh), both kinds of warp are covered.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -79,7 +86,13 @@ int64_t seq_filling_twice(const LargeCase& c) {
     return (2 * slots + rows - 1) / rows;
 }
 
-Call make_large_call(const LargeCase& c, int64_t seq, int64_t& max_position) {
+// The sizes of a call: sequences, tokens per sequence, q's and k's heads.
+struct Sizes {
+    int64_t batch = kBatch, seq = 0, q_heads = kQHeads, k_heads = kKHeads;
+};
+
+Call make_large_call(const LargeCase& c, const Sizes& sizes, int64_t& max_position) {
+    const int64_t seq = sizes.seq, batch = sizes.batch;
     std::mt19937_64& rng = testing::rng();
     rope::RopeConfig config;
     config.head_dim = kHeadDim;
@@ -91,17 +104,20 @@ Call make_large_call(const LargeCase& c, int64_t seq, int64_t& max_position) {
     if (c.form == Form::mrope) config.multi_axis = {rope::AxisAssignment::mrope_contiguous, {16, 24, 24}};
     Call call;
     if (c.form == Form::packed) {
-        // kBatch * seq tokens in sequences of uneven lengths.
-        const int64_t total = kBatch * seq;
-        const std::vector<int64_t> lengths = {total / 2 + 3, total / 3, total - (total / 2 + 3) - total / 3};
-        call = testing::make_packed_call(config, c.dtype, lengths, kQHeads, kKHeads);
-        max_position = total / 2 + 3;
+        // batch * seq tokens in sequences of uneven lengths (two halves in a small call).
+        const int64_t total = batch * seq;
+        const std::vector<int64_t> lengths =
+            total >= 16 ? std::vector<int64_t>{total / 2 + 3, total / 3, total - (total / 2 + 3) - total / 3}
+            : total >= 2 ? std::vector<int64_t>{total - total / 2, total / 2}
+                         : std::vector<int64_t>{total};
+        call = testing::make_packed_call(config, c.dtype, lengths, sizes.q_heads, sizes.k_heads);
+        max_position = lengths.front();
     } else {
         auto shape = [&](int64_t heads) {
-            return c.layout == rope::Layout::bhsd ? std::array<int64_t, 4>{kBatch, heads, seq, kHeadDim}
-                                                  : std::array<int64_t, 4>{kBatch, seq, heads, kHeadDim};
+            return c.layout == rope::Layout::bhsd ? std::array<int64_t, 4>{batch, heads, seq, kHeadDim}
+                                                  : std::array<int64_t, 4>{batch, seq, heads, kHeadDim};
         };
-        call = testing::make_call(config, c.dtype, c.layout, shape(kQHeads), shape(kKHeads));
+        call = testing::make_call(config, c.dtype, c.layout, shape(sizes.q_heads), shape(sizes.k_heads));
         max_position = seq;
     }
     if (c.transposed) {
@@ -119,8 +135,8 @@ Call make_large_call(const LargeCase& c, int64_t seq, int64_t& max_position) {
         case Form::ids:
         case Form::mrope:
             call.id_axes = c.form == Form::mrope ? 3 : 1;
-            call.id_rows = kBatch;
-            for (int64_t i = 0; i < call.id_axes * kBatch * seq; ++i) call.ids.push_back(id(rng));
+            call.id_rows = batch;
+            for (int64_t i = 0; i < call.id_axes * batch * seq; ++i) call.ids.push_back(id(rng));
             max_position = 32768;
             break;
         case Form::table: {
@@ -157,10 +173,33 @@ TEST_CASE_TEMPLATE_DEFINE("CUDA: calls that fill the GPU (the bandwidth regime) 
         CAPTURE(name);
         CAPTURE(seq);
         int64_t max_position = 0;
-        const Call call = make_large_call(c, seq, max_position);
+        const Call call = make_large_call(c, {.seq = seq}, max_position);
         const testing::Tolerance tolerance = testing::oracle_tolerance(c.dtype, max_position);
         testing::check_call(*backend, call, tolerance.rel_l2, tolerance.max_abs);
     }
 }
 
 TEST_CASE_TEMPLATE_APPLY(bandwidth_regime, CudaBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("CUDA: small calls of head_dim 128 (decode steps, a few tokens) against the oracle", B,
+                          latency_regime) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // One decode token of Llama's 32 + 8 heads, and of 6 + 1 (7 rows a token: warps straddle tokens);
+    // a batch of decode tokens; a few tokens of two sequences.
+    const Sizes sizes[] = {{1, 1, 32, 8}, {1, 1, 6, 1}, {3, 1, 32, 8}, {2, 3, 6, 1}, {1, 5, 32, 8}};
+    for (const LargeCase& c : kCases)
+        for (const Sizes& size : sizes) {
+            const std::string name = c.name;
+            CAPTURE(name);
+            CAPTURE(size.batch);
+            CAPTURE(size.seq);
+            CAPTURE(size.q_heads);
+            int64_t max_position = 0;
+            const Call call = make_large_call(c, size, max_position);
+            const testing::Tolerance tolerance = testing::oracle_tolerance(c.dtype, max_position);
+            testing::check_call(*backend, call, tolerance.rel_l2, tolerance.max_abs);
+        }
+}
+
+TEST_CASE_TEMPLATE_APPLY(latency_regime, CudaBackends);

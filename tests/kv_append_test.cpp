@@ -488,6 +488,83 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: every angle form (partial rotary, M-RoPE i
 }
 TEST_CASE_TEMPLATE_APPLY(angles, AllBackends);
 
+// Head_dim 128 at decode: cuda-optimized's small calls, where the lanes of a warp that hold one
+// token's rows split the cos/sin of their chunk and exchange them (cuda/optimized/prologue.cuh,
+// PairShare). 1, 3 and 5 tokens of Llama's 32 + 8 heads, and of 6 + 1 (seven rows and one v row a
+// token: warps straddle tokens and the v units); every angle form, both pairings, each dtype, FP8 too.
+TEST_CASE_TEMPLATE_DEFINE("append_kv: head_dim 128 decode steps (warps of one token share cos/sin)", B, decode_128) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    auto shape_of = [](int64_t tokens, int64_t q_heads, int64_t kv_heads, rope::DType dtype) {
+        Shape shape;
+        shape.tokens = tokens;
+        shape.q_heads = q_heads;
+        shape.kv_heads = kv_heads;
+        shape.head_dim = shape.v_dim = 128;
+        shape.pages = 4;
+        shape.page_size = 4;
+        shape.padding = tokens > 1 ? 1 : 0;
+        shape.tail = 0;
+        shape.dtype = dtype;
+        return shape;
+    };
+    for (int64_t tokens : {1, 3, 5})
+        for (auto [q_heads, kv_heads] : {std::pair<int64_t, int64_t>{32, 8}, std::pair<int64_t, int64_t>{6, 1}})
+            for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16, rope::DType::f16})
+                for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+                    CAPTURE(tokens);
+                    CAPTURE(q_heads);
+                    CAPTURE(rope::dtype_name(dtype));
+                    Setup s = make_setup(config_of(128, 0, style), shape_of(tokens, q_heads, kv_heads, dtype));
+                    s.offset = 4093;
+                    check_append(*backend, s);
+                }
+    const Shape shape = shape_of(5, 6, 1, rope::DType::bf16);
+    SUBCASE("ids") {
+        Setup s = make_setup(config_of(128), shape);
+        for (int64_t t = 0; t < shape.tokens; ++t) s.ids.push_back(1000 + 37 * t);
+        check_append(*backend, s);
+    }
+    SUBCASE("M-RoPE with distinct temporal, height and width ids") {
+        rope::RopeConfig config = config_of(128);
+        config.multi_axis.assignment = rope::AxisAssignment::mrope_contiguous;
+        config.multi_axis.sections = {16, 24, 24};
+        Setup s = make_setup(config, shape);
+        s.axes = 3;
+        for (int64_t a = 0; a < 3; ++a)
+            for (int64_t t = 0; t < shape.tokens; ++t) s.ids.push_back(3 + t * (a + 1) + 7 * a);
+        check_append(*backend, s);
+    }
+    SUBCASE("a caller's cos/sin table") {
+        rope::RopeConfig config = config_of(128);
+        Setup s = make_setup(config, shape);
+        s.table_rows = 64;
+        s.table = rope::make_cos_sin_cache(config, s.table_rows);
+        check_append(*backend, s);
+    }
+    SUBCASE("precise angles at large positions, linear scaling") {
+        rope::RopeConfig config = config_of(128);
+        config.precise_angles = true;
+        config.scaling.type = rope::ScalingType::linear;
+        config.scaling.factor = 4.0;
+        Setup s = make_setup(config, shape);
+        s.offset = 100000;
+        check_append(*backend, s);
+    }
+    SUBCASE("e4m3fn and e5m2 caches, per-head scales") {
+        for (rope::CacheDType format : {rope::CacheDType::e4m3fn, rope::CacheDType::e5m2})
+            for (int64_t tokens : {1, 3}) {
+                CAPTURE(rope::cache_dtype_name(format));
+                Shape fp8 = shape_of(tokens, 32, 8, rope::DType::bf16);
+                fp8.cache_dtype = format;
+                fp8.scale = 0.0123f;
+                fp8.per_head_scales = true;
+                check_append(*backend, make_setup(config_of(128), fp8));
+            }
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(decode_128, AllBackends);
+
 TEST_CASE_TEMPLATE_DEFINE("append_kv: FP8 caches (e4m3fn, e5m2), per-tensor and per-head scales, bit-exact", B, fp8) {
     auto backend = testing::backend_or_skip(B::name);
     if (!backend) return;

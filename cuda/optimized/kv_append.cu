@@ -18,7 +18,8 @@
 // vector_layout.hpp), then the pass-through runs of partial rotary; in the v
 // rows, thread x copies runs x, x + blockDim.x, ... A thread issues the loads
 // of all its rows before it uses the first (3.), and computes the cos/sin of
-// its chunk once for all of them (2.). When the call cannot fill the GPU a
+// its chunk once for all of them (2.; where a warp's units are rotating
+// slices of one token, its lanes split that work, prologue.cuh's PairShare). When the call cannot fill the GPU a
 // slice is two rows, and one when it fills less than a quarter of it: more
 // threads, each with less to do, finish a decode step sooner.
 //
@@ -254,7 +255,7 @@ __device__ inline int64_t read_slot(const AppendArgs<Capacity>& args, int64_t to
 /// q_out or k_out, and k's rows into the k cache too.
 template <typename Storage, Style kStyle, bool kDefaultAngleOnly, CacheDType kCache, int Capacity>
 __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t token, int64_t slice,
-                                    PreviousGrid& previous) {
+                                    const PairShare& share, PreviousGrid& previous) {
     using Path = VectorPath<Storage, kStyle>;  // Which pairs a chunk holds; its cos/sin (prologue.cuh).
     constexpr int kWidth = Path::kWidth;
     const int64_t count = (args.rows - slice + args.rotating_slices - 1) / args.rotating_slices;  // <= kAppendRows
@@ -282,7 +283,7 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                     }
                     raw_slot = read_slot(args, token, previous);
                 },
-                cos_angle, sin_angle);
+                cos_angle, sin_angle, share);
             const SlotRows target = slot_rows(args, raw_slot);
 #pragma unroll
             for (int u = 0; u < kAppendRows<kCache>; ++u) {
@@ -365,7 +366,9 @@ __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t to
 }
 
 /// The kernel: each unit a rotating slice or a v slice of one token (the top of the file).
-template <typename Storage, Style kStyle, bool kDefaultAngleOnly, CacheDType kCache, int Capacity>
+/// kSharePairs: a warp of one token's rotating units splits their cos/sin (prologue.cuh,
+/// PairShare), for calls that do not fill the GPU (launch_append).
+template <typename Storage, Style kStyle, bool kDefaultAngleOnly, CacheDType kCache, int Capacity, bool kSharePairs>
 __global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefaultAngleOnly>)
     rope_kv_append_kernel(const __grid_constant__ AppendArgs<Capacity> args) {
     allow_next_kernel();    // Programmatic dependent launch (5.).
@@ -374,10 +377,20 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefault
     for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
         const int64_t token = args.by_slices.divide(unit);
         const int64_t slice = unit - token * args.slices;
-        if (slice < args.rotating_slices)
-            rotate_slice<Storage, kStyle, kDefaultAngleOnly, kCache>(args, token, slice, previous);
-        else
+        if (slice < args.rotating_slices) {
+            // Rotating units come first in a token's numbering: a warp whose first and last are of one
+            // token and whose last rotates is all rotating units of that token.
+            PairShare share;
+            if constexpr (kSharePairs)
+                share = warp_pair_share<VectorPath<Storage, kStyle>>(true, unit, args.units, [&](int64_t other) {
+                    const int64_t other_token = args.by_slices.divide(other);
+                    const int64_t other_slice = other - other_token * args.slices;
+                    return other_slice < args.rotating_slices ? other_token : -1 - other_token;
+                });
+            rotate_slice<Storage, kStyle, kDefaultAngleOnly, kCache>(args, token, slice, share, previous);
+        } else {
             copy_v_slice<Storage, kCache>(args, token, slice - args.rotating_slices, previous);
+        }
     }
 }
 
@@ -455,6 +468,12 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     args.slices = args.rotating_slices + args.v_slices;
     args.units = tokens * args.slices;
     args.by_slices = FastDivisor(args.slices);
+    // Shared cos/sin (PairShare) only where the call does not fill the GPU: with four rows a thread
+    // (or two into FP8 caches) the sincosf are shared already, and the exchange's registers would
+    // make the FP8 kernels spill under their register bound. Head_dim 128 only (pairs_shareable),
+    // whose pairs fit the small capacity: no other capacity is compiled with it.
+    const bool share_pairs = threads < slots &&
+                             pairs_shareable<VectorPath<Storage, kStyle>>(block_x, args.chunks, args.rotary_chunks);
     args.by_page_size = FastDivisor(plan.page_size);
     const int64_t blocks = (args.units + block_y - 1) / block_y;
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks, INT_MAX)));  // The unit loop covers the rest.
@@ -463,10 +482,15 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     // The default angle gets a kernel of its own, as in the RoPE kernel (unit_kernel.cuh, launch_units),
     // and each cache type one (the top of the file; append_vector_fits sent mixed types elsewhere).
     auto launch = [&](auto default_angle_only, auto cache) {
+        constexpr bool kDefault = decltype(default_angle_only)::value;
+        constexpr CacheDType kCache = decltype(cache)::value;
+        if constexpr (Capacity == kSmallAppendCapacity) {
+            if (share_pairs)
+                return launch_kernel("rope_kv_append_kernel", programmatic.config,
+                                     rope_kv_append_kernel<Storage, kStyle, kDefault, kCache, Capacity, true>, args);
+        }
         launch_kernel("rope_kv_append_kernel", programmatic.config,
-                      rope_kv_append_kernel<Storage, kStyle, decltype(default_angle_only)::value,
-                                            decltype(cache)::value, Capacity>,
-                      args);
+                      rope_kv_append_kernel<Storage, kStyle, kDefault, kCache, Capacity, false>, args);
     };
     auto launch_cache = [&](auto default_angle_only) {
         switch (plan.k_cache.dtype) {
