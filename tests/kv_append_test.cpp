@@ -452,6 +452,39 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: MLA, k_pe [T, 1, 64] rotated into [pages, 
 }
 TEST_CASE_TEMPLATE_APPLY(mla, AllBackends);
 
+// The angle forms beyond the default, at one head size: M-RoPE with distinct temporal, height and
+// width ids (sections of the head's pairs), a caller's cos/sin table, precise angles at large
+// positions with linear scaling. Each is a SUBCASE of the calling test.
+void check_angle_forms(rope::Backend& backend, int64_t head_dim, const Shape& shape,
+                       const std::vector<int64_t>& sections) {
+    SUBCASE("M-RoPE with distinct temporal, height and width ids") {
+        rope::RopeConfig config = config_of(head_dim);
+        config.multi_axis.assignment = rope::AxisAssignment::mrope_contiguous;
+        config.multi_axis.sections = sections;
+        Setup s = make_setup(config, shape);
+        s.axes = 3;
+        for (int64_t a = 0; a < 3; ++a)
+            for (int64_t t = 0; t < shape.tokens; ++t) s.ids.push_back(3 + t * (a + 1) + 7 * a);
+        check_append(backend, s);
+    }
+    SUBCASE("a caller's cos/sin table") {
+        rope::RopeConfig config = config_of(head_dim);
+        Setup s = make_setup(config, shape);
+        s.table_rows = 64;
+        s.table = rope::make_cos_sin_cache(config, s.table_rows);
+        check_append(backend, s);
+    }
+    SUBCASE("precise angles at large positions, linear scaling") {
+        rope::RopeConfig config = config_of(head_dim);
+        config.precise_angles = true;
+        config.scaling.type = rope::ScalingType::linear;
+        config.scaling.factor = 4.0;
+        Setup s = make_setup(config, shape);
+        s.offset = 100000;
+        check_append(backend, s);
+    }
+}
+
 TEST_CASE_TEMPLATE_DEFINE("append_kv: every angle form (partial rotary, M-RoPE ids, cos/sin table, precise, linear)",
                           B, angles) {
     auto backend = testing::backend_or_skip(B::name);
@@ -459,32 +492,7 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: every angle form (partial rotary, M-RoPE i
     Shape shape;
     shape.dtype = rope::DType::bf16;
     SUBCASE("partial rotary") { check_append(*backend, make_setup(config_of(32, 16), shape)); }
-    SUBCASE("M-RoPE with distinct temporal, height and width ids") {
-        rope::RopeConfig config = config_of(32);
-        config.multi_axis.assignment = rope::AxisAssignment::mrope_contiguous;
-        config.multi_axis.sections = {4, 6, 6};
-        Setup s = make_setup(config, shape);
-        s.axes = 3;
-        for (int64_t a = 0; a < 3; ++a)
-            for (int64_t t = 0; t < shape.tokens; ++t) s.ids.push_back(3 + t * (a + 1) + 7 * a);
-        check_append(*backend, s);
-    }
-    SUBCASE("a caller's cos/sin table") {
-        rope::RopeConfig config = config_of(32);
-        Setup s = make_setup(config, shape);
-        s.table_rows = 64;
-        s.table = rope::make_cos_sin_cache(config, s.table_rows);
-        check_append(*backend, s);
-    }
-    SUBCASE("precise angles at large positions, linear scaling") {
-        rope::RopeConfig config = config_of(32);
-        config.precise_angles = true;
-        config.scaling.type = rope::ScalingType::linear;
-        config.scaling.factor = 4.0;
-        Setup s = make_setup(config, shape);
-        s.offset = 100000;
-        check_append(*backend, s);
-    }
+    check_angle_forms(*backend, 32, shape, {4, 6, 6});
 }
 TEST_CASE_TEMPLATE_APPLY(angles, AllBackends);
 
@@ -508,49 +516,26 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: head_dim 128 decode steps (warps of one to
         shape.dtype = dtype;
         return shape;
     };
-    for (int64_t tokens : {1, 3, 5})
-        for (auto [q_heads, kv_heads] : {std::pair<int64_t, int64_t>{32, 8}, std::pair<int64_t, int64_t>{6, 1}})
-            for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16, rope::DType::f16})
-                for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
-                    CAPTURE(tokens);
-                    CAPTURE(q_heads);
-                    CAPTURE(rope::dtype_name(dtype));
-                    Setup s = make_setup(config_of(128, 0, style), shape_of(tokens, q_heads, kv_heads, dtype));
-                    s.offset = 4093;
-                    check_append(*backend, s);
-                }
+    SUBCASE("every dtype and pairing, 1, 3 and 5 tokens, positions from 4093") {
+        for (int64_t tokens : {1, 3, 5})
+            for (auto [q_heads, kv_heads] : {std::pair<int64_t, int64_t>{32, 8}, std::pair<int64_t, int64_t>{6, 1}})
+                for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16, rope::DType::f16})
+                    for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+                        CAPTURE(tokens);
+                        CAPTURE(q_heads);
+                        CAPTURE(rope::dtype_name(dtype));
+                        Setup s = make_setup(config_of(128, 0, style), shape_of(tokens, q_heads, kv_heads, dtype));
+                        s.offset = 4093;
+                        check_append(*backend, s);
+                    }
+    }
     const Shape shape = shape_of(5, 6, 1, rope::DType::bf16);
     SUBCASE("ids") {
         Setup s = make_setup(config_of(128), shape);
         for (int64_t t = 0; t < shape.tokens; ++t) s.ids.push_back(1000 + 37 * t);
         check_append(*backend, s);
     }
-    SUBCASE("M-RoPE with distinct temporal, height and width ids") {
-        rope::RopeConfig config = config_of(128);
-        config.multi_axis.assignment = rope::AxisAssignment::mrope_contiguous;
-        config.multi_axis.sections = {16, 24, 24};
-        Setup s = make_setup(config, shape);
-        s.axes = 3;
-        for (int64_t a = 0; a < 3; ++a)
-            for (int64_t t = 0; t < shape.tokens; ++t) s.ids.push_back(3 + t * (a + 1) + 7 * a);
-        check_append(*backend, s);
-    }
-    SUBCASE("a caller's cos/sin table") {
-        rope::RopeConfig config = config_of(128);
-        Setup s = make_setup(config, shape);
-        s.table_rows = 64;
-        s.table = rope::make_cos_sin_cache(config, s.table_rows);
-        check_append(*backend, s);
-    }
-    SUBCASE("precise angles at large positions, linear scaling") {
-        rope::RopeConfig config = config_of(128);
-        config.precise_angles = true;
-        config.scaling.type = rope::ScalingType::linear;
-        config.scaling.factor = 4.0;
-        Setup s = make_setup(config, shape);
-        s.offset = 100000;
-        check_append(*backend, s);
-    }
+    check_angle_forms(*backend, 128, shape, {16, 24, 24});
     SUBCASE("e4m3fn and e5m2 caches, per-head scales") {
         for (rope::CacheDType format : {rope::CacheDType::e4m3fn, rope::CacheDType::e5m2})
             for (int64_t tokens : {1, 3}) {
