@@ -518,9 +518,12 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: head_dim 128 decode steps (warps of one to
     };
     SUBCASE("every dtype and pairing, 1, 3 and 5 tokens, positions from 4093") {
         for (int64_t tokens : {1, 3, 5})
-            for (auto [q_heads, kv_heads] : {std::pair<int64_t, int64_t>{32, 8}, std::pair<int64_t, int64_t>{6, 1}})
+            for (const std::pair<int64_t, int64_t>& heads : {std::pair<int64_t, int64_t>{32, 8}, {6, 1}})
                 for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16, rope::DType::f16})
                     for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+                        // Named copies, not a structured binding: clang 16 with OpenMP refuses to capture
+                        // one in CAPTURE's lambda.
+                        const int64_t q_heads = heads.first, kv_heads = heads.second;
                         CAPTURE(tokens);
                         CAPTURE(q_heads);
                         CAPTURE(rope::dtype_name(dtype));
