@@ -18,10 +18,12 @@
 // vector_layout.hpp), then the pass-through runs of partial rotary; in the v
 // rows, thread x copies runs x, x + blockDim.x, ... A thread issues the loads
 // of all its rows before it uses the first (3.), and computes the cos/sin of
-// its chunk once for all of them (2.; where a warp's units are rotating
-// slices of one token, its lanes split that work, prologue.cuh's PairShare). When the call cannot fill the GPU a
+// its chunk once for all of them (2.). When the call cannot fill the GPU a
 // slice is two rows, and one when it fills less than a quarter of it: more
-// threads, each with less to do, finish a decode step sooner.
+// threads, each with less to do, finish a decode step sooner; there a warp
+// whose units are rotating slices of one token splits those cos/sin among its
+// lanes (prologue.cuh's PairShare), since a thread's one or two rows no longer
+// pay for their sincosf.
 //
 // The caches' type is a template parameter (model dtype, e4m3fn or e5m2, the same
 // for k and v), so that each kernel carries the code of one store only: unrolled

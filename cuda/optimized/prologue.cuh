@@ -42,20 +42,6 @@ struct PreviousGrid {
     }
 };
 
-/// @brief Issues a thread's first loads (@p load) and computes cos/sin of the pairs of
-/// chunk @p chunk at token (b, s), in the order that hides the most latency.
-///
-/// Positions given as an offset need no memory: cos/sin are computed before
-/// waiting for the previous kernel. Positions in memory (ids, packed
-/// sequences, a caller's table), written perhaps by that very kernel: wait,
-/// issue the position loads and then the rows' loads, and compute as soon as
-/// the positions arrive, while the rows are still on their way (the lab
-/// measured this order faster than the rows first, with ids, tables and
-/// M-RoPE alike); with the default angle, the frequencies, which are kernel
-/// parameters, are read before the wait.
-/// @tparam Path VectorPath or GenericPath (row_access.cuh): which pairs a chunk holds.
-/// @tparam kDefaultAngleOnly see token_rotation_factors.
-/// @tparam KernelArgs a kernel's parameters: angles, positions, axes, positions_in_memory, rotary_dim.
 /// @brief How the lanes of one warp split the cos/sin of a chunk they all hold (point 2.
 /// of unit_kernel.cuh, taken across threads).
 ///
@@ -104,11 +90,28 @@ __device__ inline PairShare warp_pair_share(bool shareable, int64_t unit, int64_
     }
 }
 
+/// load_with_factors' way for a warp that shares (defined at the end of the file).
 template <typename Path, bool kDefaultAngleOnly, typename KernelArgs, typename Load>
 __device__ inline void load_with_shared_factors(const KernelArgs& args, int64_t b, int64_t s, int64_t chunk,
                                                 PreviousGrid& previous, Load&& load, const PairShare& share,
                                                 float (&cos_angle)[Path::kPairs], float (&sin_angle)[Path::kPairs]);
 
+/// @brief Issues a thread's first loads (@p load) and computes cos/sin of the pairs of
+/// chunk @p chunk at token (b, s), in the order that hides the most latency.
+///
+/// Positions given as an offset need no memory: cos/sin are computed before
+/// waiting for the previous kernel. Positions in memory (ids, packed
+/// sequences, a caller's table), written perhaps by that very kernel: wait,
+/// issue the position loads and then the rows' loads, and compute as soon as
+/// the positions arrive, while the rows are still on their way (the lab
+/// measured this order faster than the rows first, with ids, tables and
+/// M-RoPE alike); with the default angle, the frequencies, which are kernel
+/// parameters, are read before the wait.
+/// @tparam Path VectorPath or GenericPath (row_access.cuh): which pairs a chunk holds.
+/// @tparam kDefaultAngleOnly see token_rotation_factors.
+/// @tparam KernelArgs a kernel's parameters: angles, positions, axes, positions_in_memory, rotary_dim.
+/// @param share where this thread's warp splits the chunk's cos/sin among its lanes (PairShare):
+///        by default it does not, and the thread computes all of them.
 template <typename Path, bool kDefaultAngleOnly, typename KernelArgs, typename Load>
 __device__ inline void load_with_factors(const KernelArgs& args, int64_t b, int64_t s, int64_t chunk,
                                          PreviousGrid& previous, Load&& load, float (&cos_angle)[Path::kPairs],
