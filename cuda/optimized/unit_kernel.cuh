@@ -16,9 +16,13 @@
 ///     sincosf, kept in registers) and applies them to every head row of q
 ///     and then of k in its *unit* (one token, a slice of its rows), so the
 ///     trigonometry costs a fraction of a per-element version (cuda-naive,
-///     chapter 4's v4). Whatever the positions are (offset, ids, packed
-///     sequences, several axes, a caller's table), they are read here, once
-///     per thread, through the shared token_positions and token_rotation_factors.
+///     chapter 4's v4). In small calls, where a warp's units are rows of one
+///     token, its lanes that hold the same chunk split those sincosf among
+///     them and exchange the results (prologue.cuh, PairShare): at decode a
+///     thread has a row or two, and the sincosf were most of its instructions.
+///     Whatever the positions are (offset, ids, packed sequences, several axes,
+///     a caller's table), they are read here, once per thread, through the
+///     shared token_positions and token_rotation_factors.
 ///  3. Bytes in flight. DRAM answers after many hundreds of cycles; to keep
 ///     the memory busy each SM needs tens of kilobytes requested at once. A
 ///     thread loads a batch of rows before it uses the first (when the work
@@ -107,6 +111,7 @@ struct UnitArgs {
     int64_t slices;            ///< Units per token.
     int64_t units;             ///< tokens * slices.
     bool heads_adjacent;       ///< Units numbered token-major, a slice's rows strided (bshd, thd).
+    bool share_pairs;          ///< A warp of one token's units may share cos/sin (prologue.cuh, PairShare).
     FastDivisor by_seq;        ///< token -> (b, s).
     FastDivisor by_tokens;     ///< unit -> (slice, token), slice-major numbering.
     FastDivisor by_slices;     ///< unit -> (token, slice), token-major numbering.
@@ -175,7 +180,8 @@ __device__ inline bool in_place(const UnitArgs<Capacity>& args, int64_t row) {
 /// stores touch only its own rows. DefaultAngleOnly: see token_rotation_factors.
 template <typename Storage, typename Path, int RowsInFlight, bool Pipelined, bool DefaultAngleOnly, int Capacity>
 __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRows<Storage>& token, int64_t b,
-                                   int64_t s, const RowSpan& rows, int64_t chunk, PreviousGrid& previous) {
+                                   int64_t s, const RowSpan& rows, int64_t chunk, const PairShare& share,
+                                   PreviousGrid& previous) {
     typename Path::Chunk current[RowsInFlight], next[RowsInFlight];
     // Row addresses are recomputed at the store (one multiply-add) rather than
     // kept: registers, not arithmetic, limit how many threads fit on an SM.
@@ -185,11 +191,11 @@ __device__ inline void rotate_rows(const UnitArgs<Capacity>& args, const TokenRo
             if (first + u < rows.count)
                 batch[u] = Path::load(locate_row(args, token, rows.row(first + u)), chunk, args.rotary_dim);
     };
-    // cos/sin of this thread's pairs at this token, computed once and reused
-    // for every row below (2. above), around the first batch's loads (5. above).
+    // cos/sin of this thread's pairs at this token, computed once (or shared across
+    // the warp) and reused for every row below (2. above), around the first batch's loads (5. above).
     float cos_angle[Path::kPairs], sin_angle[Path::kPairs];
     load_with_factors<Path, DefaultAngleOnly>(args, b, s, chunk, previous, [&] { load_batch(current, 0); }, cos_angle,
-                                              sin_angle);
+                                              sin_angle, share);
 
     for (int64_t first = 0;; first += RowsInFlight) {
         const bool more = first + RowsInFlight < rows.count;
@@ -258,10 +264,21 @@ __device__ inline void rotate_units(const UnitArgs<Capacity>& args) {
         const int64_t b = args.by_seq.divide(token);
         const int64_t s = token - b * args.seq;
         const TokenRows<Storage> token_start = token_rows<Storage>(args, b, s);
+        // Only in the latency regime (Pipelined): in the bandwidth regime a thread's sincosf serve
+        // 8 rows already, and the exchange's registers would cost a block per SM (occupancy, 3. above).
+        PairShare share;
+        if constexpr (Pipelined)
+            share = warp_pair_share<Path>(args.share_pairs, unit, args.units, [&](int64_t other) {
+                // Token-major, a unit's token grows with it: a warp's first and last units tell. Slice-major,
+                // neighbouring units are neighbouring tokens, wrapping at the last (units 0-3 of 3 tokens
+                // are tokens 0, 1, 2, 0): one token only when the call has one.
+                if (args.heads_adjacent) return args.by_slices.divide(other);
+                return args.tokens == 1 ? int64_t(0) : other;
+            });
         for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
             if (chunk < args.rotary_chunks)
                 rotate_rows<Storage, Path, RowsInFlight, Pipelined, DefaultAngleOnly>(args, token_start, b, s, rows,
-                                                                                      chunk, previous);
+                                                                                      chunk, share, previous);
             else
                 copy_rows<Storage, Path, RowsInFlight>(args, token_start, rows, chunk - args.rotary_chunks, previous);
         }
@@ -332,6 +349,7 @@ bool plan_units(const Plan& plan, const LaunchShape& shape, UnitLaunch<Capacity>
     // Over heads wherever q's heads are adjacent in memory, else over tokens: each step of a warp
     // then reads neighbouring rows (the lab measured both orders, forced, against this one).
     args.heads_adjacent = heads_adjacent_in_memory(plan);
+    args.share_pairs = pairs_shareable<Path>(block_x, args.chunks, args.rotary_chunks);
     const int64_t blocks = (args.units + block_y - 1) / block_y;
     args.by_seq = FastDivisor(args.seq);
     args.by_tokens = FastDivisor(args.tokens);
