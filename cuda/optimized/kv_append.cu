@@ -68,17 +68,19 @@ namespace {
 /// Threads per block, as the RoPE kernel's (backend.cu says why small blocks).
 constexpr int kAppendBlockThreads = 128;
 /// Blocks an SM holds at least, which bounds a thread's registers: 96 for the lean kernels
-/// (default angle into a model-dtype cache), which keeps more loads in flight at prefill without
-/// spilling; 128 for the others, which would spill at 96 (an FP8 cache's rows keep their float32
-/// values and a quantizer each until their codes are written).
-template <bool kDefaultAngleOnly, CacheDType kCache>
-constexpr int kAppendMinBlocks = kDefaultAngleOnly && kCache == CacheDType::model ? 5 : 4;
-/// Rows a thread takes in one unit at most, whose loads it issues before it uses the first (3.),
-/// in calls that fill the GPU. Into FP8 caches too: with two, a thread's fewer bytes in flight
-/// left its warps waiting on memory, and the fused call trailed the unfused pair at prefill.
-constexpr int kAppendRows = 4;
+/// (default angle), which keeps more loads in flight at prefill without spilling; 128 for the
+/// others, which would spill at 96, and for the small-call kernels into FP8 caches (kSharePairs),
+/// whose shared cos/sin beside the quantizers would: a decode step has blocks to spare.
+template <bool kDefaultAngleOnly, CacheDType kCache, bool kSharePairs>
+constexpr int kAppendMinBlocks = kDefaultAngleOnly && (kCache == CacheDType::model || !kSharePairs) ? 5 : 4;
+/// Rows a thread takes in one unit at most, whose loads it issues before it uses the first (3.):
+/// four into model-dtype caches; two into FP8 ones, where four rows' float32 values and their
+/// quantizers need more registers than kAppendMinBlocks allows (at 96 they spill; at 128, with four
+/// rows, the prefill took longer than with two: fewer warps hid less of the memory's latency).
+template <CacheDType kCache>
+constexpr int kAppendRows = kCache == CacheDType::model ? 4 : 2;
 /// The same in the kernels for calls that do not fill the GPU (kSharePairs), whose slices are one
-/// or two rows (launch_append): room for two keeps their registers for the shared cos/sin.
+/// or two rows (launch_append): room for two only leaves their registers to the shared cos/sin.
 constexpr int kSmallCallRows = 2;
 /// Angle-argument capacity for rotary_dim <= 128 (backend.cu's kSmallCapacity, for the same reason).
 constexpr int kSmallAppendCapacity = 64;
@@ -375,11 +377,11 @@ __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t to
 /// PairShare), for calls that do not fill the GPU (launch_append), whose slices are at most
 /// kSmallCallRows rows.
 template <typename Storage, Style kStyle, bool kDefaultAngleOnly, CacheDType kCache, int Capacity, bool kSharePairs>
-__global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefaultAngleOnly, kCache>)
+__global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefaultAngleOnly, kCache, kSharePairs>)
     rope_kv_append_kernel(const __grid_constant__ AppendArgs<Capacity> args) {
     allow_next_kernel();    // Programmatic dependent launch (5.).
     PreviousGrid previous;  // Waited for before the first global memory access.
-    constexpr int kRows = kSharePairs ? kSmallCallRows : kAppendRows;
+    constexpr int kRows = kSharePairs ? kSmallCallRows : kAppendRows<kCache>;
     const int64_t step = int64_t(gridDim.x) * blockDim.y;
     for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
         const int64_t token = args.by_slices.divide(unit);
@@ -459,7 +461,7 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     args.v_cache = plan.v_cache;
 
     // The regime (4.), from how much of the GPU one thread per chunk of every row (v's included)
-    // would fill: all of it, kAppendRows a thread; a quarter or more,
+    // would fill: all of it, kAppendRows a thread (four, or two into FP8 caches); a quarter or more,
     // two (the cos/sin of a chunk, computed once per thread, would otherwise cost more than the
     // parallelism gains); less, one.
     const int64_t tokens = plan.tokens();
@@ -467,7 +469,9 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     const int64_t block_y = std::max<int64_t>(1, kAppendBlockThreads / block_x);
     const int64_t threads = tokens * (args.rows + args.k_heads) * block_x;
     const int64_t slots = int64_t(device.multiprocessors) * kThreadSlotsPerSM;
-    const int64_t per_slice = threads >= slots ? kAppendRows : 4 * threads >= slots ? 2 : 1;
+    const int64_t most_rows = plan.k_cache.dtype == CacheDType::model ? kAppendRows<CacheDType::model>
+                                                                       : kAppendRows<CacheDType::e4m3fn>;
+    const int64_t per_slice = threads >= slots ? most_rows : 4 * threads >= slots ? 2 : 1;
     args.rotating_slices = (args.rows + per_slice - 1) / per_slice;
     args.v_slices = (args.k_heads + per_slice - 1) / per_slice;
     args.slices = args.rotating_slices + args.v_slices;
