@@ -553,6 +553,52 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: head_dim 128 decode steps (warps of one to
 }
 TEST_CASE_TEMPLATE_APPLY(decode_128, AllBackends);
 
+// cuda-optimized gives a thread four rows of a token, loaded before the first is used, once one
+// thread per 16-byte chunk of every row would fill the GPU's thread slots (cuda/optimized/kv_append.cu,
+// launch_append), into FP8 caches as into model-dtype ones; the other tests' calls are smaller. These
+// calls take a quarter more tokens than that (Llama's 32 + 8 heads, head_dim 128, pages of 16 slots):
+// past the threshold, and small enough for the compute-sanitizer tools to go through in seconds.
+TEST_CASE_TEMPLATE_DEFINE("CUDA: append_kv calls that fill the GPU (four rows a thread), model-dtype and FP8 caches", B,
+                          append_bandwidth) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    struct Case {
+        rope::DType dtype;
+        rope::Style style;
+        rope::CacheDType cache;
+        bool per_head;
+    };
+    const Case cases[] = {{rope::DType::bf16, rope::Style::half_split, rope::CacheDType::model, false},
+                          {rope::DType::bf16, rope::Style::half_split, rope::CacheDType::e4m3fn, true},
+                          {rope::DType::bf16, rope::Style::interleaved, rope::CacheDType::e5m2, false},
+                          {rope::DType::f16, rope::Style::interleaved, rope::CacheDType::e4m3fn, false},
+                          {rope::DType::f32, rope::Style::half_split, rope::CacheDType::e4m3fn, true}};
+    for (const Case& c : cases) {
+        const int64_t width = 16 / rope::dtype_size(c.dtype);  // Values per 16-byte vector.
+        const int64_t threads_per_token = (32 + 8 + 8) * (128 / 2 / width);
+        const int64_t slots = int64_t(testing::cuda::multiprocessors()) * 2048;
+        Shape shape;
+        shape.tokens = (5 * slots / 4 + threads_per_token - 1) / threads_per_token;
+        shape.q_heads = 32;
+        shape.kv_heads = 8;
+        shape.head_dim = shape.v_dim = 128;
+        shape.page_size = 16;
+        shape.pages = shape.tokens / 16 + 8;
+        shape.padding = 3;
+        shape.tail = 2;
+        shape.dtype = c.dtype;
+        shape.in_place = false;
+        shape.cache_dtype = c.cache;
+        shape.scale = 0.0123f;
+        shape.per_head_scales = c.per_head;
+        CAPTURE(shape.tokens);
+        CAPTURE(rope::cache_dtype_name(c.cache));
+        CAPTURE(c.per_head);
+        check_append(*backend, make_setup(config_of(128, 0, c.style), shape));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(append_bandwidth, CudaBackends);
+
 TEST_CASE_TEMPLATE_DEFINE("append_kv: FP8 caches (e4m3fn, e5m2), per-tensor and per-head scales, bit-exact", B, fp8) {
     auto backend = testing::backend_or_skip(B::name);
     if (!backend) return;

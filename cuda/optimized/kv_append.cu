@@ -69,14 +69,19 @@ namespace {
 constexpr int kAppendBlockThreads = 128;
 /// Blocks an SM holds at least, which bounds a thread's registers: 96 for the lean kernels
 /// (default angle), which keeps more loads in flight at prefill without spilling; 128 for the
-/// others, which would spill at 96.
-template <bool kDefaultAngleOnly>
-constexpr int kAppendMinBlocks = kDefaultAngleOnly ? 5 : 4;
+/// others, which would spill at 96, and for the small-call kernels into FP8 caches (kSharePairs),
+/// whose shared cos/sin beside the quantizers would: a decode step has blocks to spare.
+template <bool kDefaultAngleOnly, CacheDType kCache, bool kSharePairs>
+constexpr int kAppendMinBlocks = kDefaultAngleOnly && (kCache == CacheDType::model || !kSharePairs) ? 5 : 4;
 /// Rows a thread takes in one unit at most, whose loads it issues before it uses the first (3.):
 /// four into model-dtype caches; two into FP8 ones, where four rows' float32 values and their
-/// quantizers need more registers than kAppendMinBlocks allows (they would spill).
+/// quantizers need more registers than kAppendMinBlocks allows (at 96 they spill; at 128, with four
+/// rows, the prefill took longer than with two: fewer warps hid less of the memory's latency).
 template <CacheDType kCache>
 constexpr int kAppendRows = kCache == CacheDType::model ? 4 : 2;
+/// The same in the kernels for calls that do not fill the GPU (kSharePairs), whose slices are one
+/// or two rows (launch_append): room for two only leaves their registers to the shared cos/sin.
+constexpr int kSmallCallRows = 2;
 /// Angle-argument capacity for rotary_dim <= 128 (backend.cu's kSmallCapacity, for the same reason).
 constexpr int kSmallAppendCapacity = 64;
 
@@ -255,26 +260,26 @@ __device__ inline int64_t read_slot(const AppendArgs<Capacity>& args, int64_t to
 
 /// Rotating slice @p slice of @p token: this thread's chunk of each of its rows into
 /// q_out or k_out, and k's rows into the k cache too.
-template <typename Storage, Style kStyle, bool kDefaultAngleOnly, CacheDType kCache, int Capacity>
+template <typename Storage, Style kStyle, bool kDefaultAngleOnly, CacheDType kCache, int kRows, int Capacity>
 __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t token, int64_t slice,
                                     const PairShare& share, PreviousGrid& previous) {
     using Path = VectorPath<Storage, kStyle>;  // Which pairs a chunk holds; its cos/sin (prologue.cuh).
     constexpr int kWidth = Path::kWidth;
-    const int64_t count = (args.rows - slice + args.rotating_slices - 1) / args.rotating_slices;  // <= kAppendRows
+    const int64_t count = (args.rows - slice + args.rotating_slices - 1) / args.rotating_slices;  // <= kRows
     auto row_of = [&](int u) { return slice + u * args.rotating_slices; };
     for (int64_t chunk = threadIdx.x; chunk < args.chunks; chunk += blockDim.x) {
         int64_t raw_slot = -1;
         if (chunk < args.rotary_chunks) {
             const int64_t first_feature = chunk * kWidth;
             const int64_t second_feature = args.rotary_dim / 2 + chunk * kWidth;
-            Vector16<Storage> batch[kAppendRows<kCache>][2];
-            float scale[kAppendRows<kCache>];  // k rows' FP8 scales, loaded with the rows: no second round trip.
+            Vector16<Storage> batch[kRows][2];
+            float scale[kRows];  // k rows' FP8 scales, loaded with the rows: no second round trip.
             float cos_angle[kWidth], sin_angle[kWidth];
             load_with_factors<Path, kDefaultAngleOnly>(
                 args, 0, token, chunk, previous,
                 [&] {
 #pragma unroll
-                    for (int u = 0; u < kAppendRows<kCache>; ++u) {
+                    for (int u = 0; u < kRows; ++u) {
                         if (u < count) {
                             const Storage* in = row_in<Storage>(args, token, row_of(u));
                             batch[u][0] = load16(in + first_feature);
@@ -288,7 +293,7 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                 cos_angle, sin_angle, share);
             const SlotRows target = slot_rows(args, raw_slot);
 #pragma unroll
-            for (int u = 0; u < kAppendRows<kCache>; ++u) {
+            for (int u = 0; u < kRows; ++u) {
                 if (u >= count) continue;
                 const int64_t row = row_of(u);
                 float value[2][kWidth];
@@ -327,19 +332,19 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
 
 /// V slice @p slice of @p token: this thread's runs of each of its v rows, unrotated, into
 /// the v cache; padding writes nothing. Two runs a row at a time, all rows' loads first.
-template <typename Storage, CacheDType kCache, int Capacity>
+template <typename Storage, CacheDType kCache, int kRows, int Capacity>
 __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t token, int64_t slice,
                                     PreviousGrid& previous) {
     constexpr int kWidth = Vector16<Storage>::kWidth;
-    const int64_t count = (args.k_heads - slice + args.v_slices - 1) / args.v_slices;  // <= kAppendRows<kCache>
+    const int64_t count = (args.k_heads - slice + args.v_slices - 1) / args.v_slices;  // <= kRows
     auto head_of = [&](int u) { return slice + u * args.v_slices; };
     const int64_t runs_per_pass = 2 * int64_t(blockDim.x);
     for (int64_t first = threadIdx.x; first < args.v_runs; first += runs_per_pass) {
         previous.wait();
-        Vector16<Storage> data[kAppendRows<kCache>][2];
-        float scale[kAppendRows<kCache>];  // Loaded with the rows, as in rotate_slice.
+        Vector16<Storage> data[kRows][2];
+        float scale[kRows];  // Loaded with the rows, as in rotate_slice.
 #pragma unroll
-        for (int u = 0; u < kAppendRows<kCache>; ++u) {
+        for (int u = 0; u < kRows; ++u) {
             if (u >= count) continue;
             scale[u] = cache_scale<kCache>(args.v_cache, head_of(u));
             const Storage* in = static_cast<const Storage*>(args.v) + args.v_geometry.offset(0, head_of(u), token, 0);
@@ -352,7 +357,7 @@ __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t to
         const SlotRows target = slot_rows(args, read_slot(args, token, previous));
         if (target.slot < 0) return;
 #pragma unroll
-        for (int u = 0; u < kAppendRows<kCache>; ++u) {
+        for (int u = 0; u < kRows; ++u) {
             if (u >= count) continue;
             const int64_t head = head_of(u);
             const int64_t cache_row = target.v_row + head * args.v_cache.stride_head;
@@ -369,12 +374,14 @@ __device__ inline void copy_v_slice(const AppendArgs<Capacity>& args, int64_t to
 
 /// The kernel: each unit a rotating slice or a v slice of one token (the top of the file).
 /// kSharePairs: a warp of one token's rotating units splits their cos/sin (prologue.cuh,
-/// PairShare), for calls that do not fill the GPU (launch_append).
+/// PairShare), for calls that do not fill the GPU (launch_append), whose slices are at most
+/// kSmallCallRows rows.
 template <typename Storage, Style kStyle, bool kDefaultAngleOnly, CacheDType kCache, int Capacity, bool kSharePairs>
-__global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefaultAngleOnly>)
+__global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefaultAngleOnly, kCache, kSharePairs>)
     rope_kv_append_kernel(const __grid_constant__ AppendArgs<Capacity> args) {
     allow_next_kernel();    // Programmatic dependent launch (5.).
     PreviousGrid previous;  // Waited for before the first global memory access.
+    constexpr int kRows = kSharePairs ? kSmallCallRows : kAppendRows<kCache>;
     const int64_t step = int64_t(gridDim.x) * blockDim.y;
     for (int64_t unit = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; unit < args.units; unit += step) {
         const int64_t token = args.by_slices.divide(unit);
@@ -389,9 +396,9 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendMinBlocks<kDefault
                     const int64_t other_slice = other - other_token * args.slices;
                     return other_slice < args.rotating_slices ? other_token : -1 - other_token;
                 });
-            rotate_slice<Storage, kStyle, kDefaultAngleOnly, kCache>(args, token, slice, share, previous);
+            rotate_slice<Storage, kStyle, kDefaultAngleOnly, kCache, kRows>(args, token, slice, share, previous);
         } else {
-            copy_v_slice<Storage, kCache>(args, token, slice - args.rotating_slices, previous);
+            copy_v_slice<Storage, kCache, kRows>(args, token, slice - args.rotating_slices, previous);
         }
     }
 }
@@ -471,8 +478,8 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     args.units = tokens * args.slices;
     args.by_slices = FastDivisor(args.slices);
     // Shared cos/sin (PairShare) only where the call does not fill the GPU: with four rows a thread
-    // (or two into FP8 caches) the sincosf are shared already, and the exchange's registers would
-    // make the FP8 kernels spill under their register bound. Head_dim 128 only (pairs_shareable),
+    // the sincosf are shared already, and the exchange's registers would make the FP8 kernels
+    // spill under their register bound. Head_dim 128 only (pairs_shareable),
     // whose pairs fit the small capacity: no other capacity is compiled with it.
     const bool share_pairs = threads < slots &&
                              pairs_shareable<VectorPath<Storage, kStyle>>(block_x, args.chunks, args.rotary_chunks);
