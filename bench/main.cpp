@@ -470,6 +470,10 @@ public:
         for (const bool fused : {true, false}) {
             Row measured = row;
             measured.op = fused ? "append" : "append-cache-only";
+            // What the call does that rope's does not, since the ceiling counts rope's bytes: the fused kernel
+            // writes q in the cache's type and no rotated k back to a live k; the plain append rotates nothing.
+            measured.form_detail += fused ? "; FlashInfer writes q_out in the cache's type and no k_out"
+                                          : "; FlashInfer copies k and v as they are, q untouched";
             auto issue = [&](int64_t c) {
                 const FlashInferAppend& call = flashinfer_calls_[std::size_t(c % sets_)];
                 if (fused) flashinfer_rope_append_async(call, stream_.get());
