@@ -86,6 +86,8 @@ int multiprocessors() {
     return count;
 }
 
+int64_t thread_slots() { return int64_t(multiprocessors()) * 2048; }
+
 std::size_t free_device_memory() {
     std::size_t free = 0, total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
@@ -118,6 +120,7 @@ DeviceScope::DeviceScope(int) { no_cuda(); }
 DeviceScope::~DeviceScope() = default;
 int current_device() { no_cuda(); }
 int multiprocessors() { no_cuda(); }
+int64_t thread_slots() { no_cuda(); }
 std::size_t free_device_memory() { no_cuda(); }
 bool fail_an_allocation() { no_cuda(); }
 std::string pending_error() { no_cuda(); }

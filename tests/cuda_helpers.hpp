@@ -8,6 +8,7 @@
 // when the build has CUDA; without it every helper throws rope::Error (tests
 // reach them only after backend_or_skip found a CUDA backend, so they never do).
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -66,6 +67,11 @@ int current_device();
 
 // Streaming multiprocessors of the current device (cudaDevAttrMultiProcessorCount).
 int multiprocessors();
+
+// The thread slots cuda-optimized counts to choose its regime: multiprocessors() times 2048
+// (kThreadSlotsPerSM in cuda/optimized/device_launch.cuh). A call needs one thread per 16-byte
+// chunk of every row beyond this to take the bandwidth regime (several rows a thread).
+int64_t thread_slots();
 
 // Bytes of memory free on the current device (cudaMemGetInfo).
 std::size_t free_device_memory();

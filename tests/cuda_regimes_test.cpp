@@ -81,7 +81,7 @@ constexpr int64_t kHeadDim = 128, kQHeads = 12, kKHeads = 4, kBatch = 2;
 int64_t seq_filling_twice(const LargeCase& c) {
     const int64_t width = 16 / rope::dtype_size(c.dtype);  // Values per 16-byte vector.
     const int64_t chunks = c.rotary_dim / 2 / width;
-    const int64_t slots = int64_t(testing::cuda::multiprocessors()) * 2048;
+    const int64_t slots = testing::cuda::thread_slots();
     const int64_t rows = kBatch * (kQHeads + kKHeads) * chunks;
     return (2 * slots + rows - 1) / rows;
 }

@@ -553,12 +553,13 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv: head_dim 128 decode steps (warps of one to
 }
 TEST_CASE_TEMPLATE_APPLY(decode_128, AllBackends);
 
-// cuda-optimized gives a thread four rows of a token, loaded before the first is used, once one
-// thread per 16-byte chunk of every row would fill the GPU's thread slots (cuda/optimized/kv_append.cu,
-// launch_append), into FP8 caches as into model-dtype ones; the other tests' calls are smaller. These
+// cuda-optimized gives a thread several rows of a token, loaded before the first is used (four into
+// model-dtype caches, two into FP8 ones), once one thread per 16-byte chunk of every row would fill
+// the GPU's thread slots (cuda/optimized/kv_append.cu, launch_append); the other tests' calls are
+// smaller, and take the kernels for small calls. These
 // calls take a quarter more tokens than that (Llama's 32 + 8 heads, head_dim 128, pages of 16 slots):
 // past the threshold, and small enough for the compute-sanitizer tools to go through in seconds.
-TEST_CASE_TEMPLATE_DEFINE("CUDA: append_kv calls that fill the GPU (four rows a thread), model-dtype and FP8 caches", B,
+TEST_CASE_TEMPLATE_DEFINE("CUDA: append_kv calls that fill the GPU (several rows a thread), model-dtype and FP8 caches", B,
                           append_bandwidth) {
     auto backend = testing::backend_or_skip(B::name);
     if (!backend) return;
@@ -576,7 +577,7 @@ TEST_CASE_TEMPLATE_DEFINE("CUDA: append_kv calls that fill the GPU (four rows a 
     for (const Case& c : cases) {
         const int64_t width = 16 / rope::dtype_size(c.dtype);  // Values per 16-byte vector.
         const int64_t threads_per_token = (32 + 8 + 8) * (128 / 2 / width);
-        const int64_t slots = int64_t(testing::cuda::multiprocessors()) * 2048;
+        const int64_t slots = testing::cuda::thread_slots();
         Shape shape;
         shape.tokens = (5 * slots / 4 + threads_per_token - 1) / threads_per_token;
         shape.q_heads = 32;

@@ -75,8 +75,8 @@ template <bool kDefaultAngleOnly, CacheDType kCache, bool kSharePairs>
 constexpr int kAppendMinBlocks = kDefaultAngleOnly && (kCache == CacheDType::model || !kSharePairs) ? 5 : 4;
 /// Rows a thread takes in one unit at most, whose loads it issues before it uses the first (3.):
 /// four into model-dtype caches; two into FP8 ones, where four rows' float32 values and their
-/// quantizers need more registers than kAppendMinBlocks allows (at 96 they spill; at 128, with four
-/// rows, the prefill took longer than with two: fewer warps hid less of the memory's latency).
+/// quantizers need more registers than kAppendMinBlocks allows (at 96 they spill; at 128, four rows
+/// made the prefill slower than two: bench/results/notes/serving-forms.md, the tenth run).
 template <CacheDType kCache>
 constexpr int kAppendRows = kCache == CacheDType::model ? 4 : 2;
 /// The same in the kernels for calls that do not fill the GPU (kSharePairs), whose slices are one
