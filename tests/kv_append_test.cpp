@@ -250,10 +250,13 @@ Setup make_setup(const rope::RopeConfig& config, const Shape& shape) {
     return s;
 }
 
-// Runs the call on the backend: directly on the host, or on device copies of every array.
-void run_append(rope::Backend& backend, Setup& s) {
+// Runs the call on the backend: directly on the host, or on device copies of every array (copied
+// back, whether the call returns or throws). `adjust`, if given, changes the arguments last.
+void run_append(rope::Backend& backend, Setup& s, const std::function<void(rope::KvAppendArgs&)>& adjust = {}) {
     if (backend.device() == rope::Device::host) {
-        rope::append_kv(backend, s.config, s.args());
+        rope::KvAppendArgs a = s.args();
+        if (adjust) adjust(a);
+        rope::append_kv(backend, s.config, a);
         return;
     }
     // Each host array gets a device copy; pointers into it are moved by the same offset.
@@ -315,7 +318,13 @@ void run_append(rope::Backend& backend, Setup& s) {
         a.q_out_fp8.scale = static_cast<const float*>(moved(a.q_out_fp8.scale));
         a.q_out_fp8.device = rope::Device::cuda;
     }
-    rope::append_kv(backend, s.config, a);
+    if (adjust) adjust(a);
+    try {
+        rope::append_kv(backend, s.config, a);
+    } catch (const rope::Error&) {
+        for (Region& r : regions) r.device.copy_to_host(r.host);  // What a refused call left on the device.
+        throw;
+    }
     // copy_to_host synchronises (cudaMemcpy on the default stream).
     for (Region& r : regions) r.device.copy_to_host(r.host);
 }
@@ -931,6 +940,38 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv bug: FP8 q saturates (scale != 1): overflow
         }
 }
 TEST_CASE_TEMPLATE_APPLY(q_fp8_saturation, AllBackends);
+
+// The kernels dereference q_out_fp8's data and scale: host memory labelled cuda must be refused by
+// name before any launch, not fault or write the host's bytes.
+TEST_CASE_TEMPLATE_DEFINE("CUDA: append_kv refuses host memory as q_out_fp8's data or scale, and writes nothing", B,
+                          q_fp8_host_memory) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    Shape shape;
+    shape.cache_dtype = rope::CacheDType::e4m3fn;
+    shape.scale = 0.05f;
+    shape.q_fp8 = rope::CacheDType::e4m3fn;
+    shape.q_fp8_per_head = true;
+    for (bool data : {true, false}) {
+        CAPTURE(data);
+        Setup s = make_setup(config_of(32), shape);
+        const Setup before = s;
+        std::vector<uint8_t> host_bytes(s.q_fp8_bytes.size(), uint8_t(0xff));
+        const std::vector<float> host_scales = s.q_scales;
+        CHECK_THROWS_WITH_AS(run_append(*backend, s,
+                                        [&](rope::KvAppendArgs& a) {
+                                            if (data) a.q_out_fp8.data = host_bytes.data();
+                                            else a.q_out_fp8.scale = host_scales.data();
+                                        }),
+                             doctest::Contains(data ? "q_out_fp8.data = " : "q_out_fp8.scale = "), rope::Error);
+        CHECK(std::all_of(host_bytes.begin(), host_bytes.end(), [](uint8_t b) { return b == 0xff; }));
+        CHECK(s.q_fp8_bytes == before.q_fp8_bytes);
+        CHECK(s.cache_bytes == before.cache_bytes);
+        CHECK(s.q.storage == before.q.storage);
+        CHECK(s.k.storage == before.k.storage);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(q_fp8_host_memory, CudaBackends);
 
 TEST_CASE_TEMPLATE_DEFINE("append_kv bug: the rotated k is written back to the live k, not only to the cache", B,
                           written_back) {
