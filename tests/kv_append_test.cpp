@@ -72,7 +72,8 @@ struct Shape {
     // An FP8 output of the rotated q (q_out is then q itself, and must stay unwritten).
     std::optional<rope::CacheDType> q_fp8;
     bool q_fp8_per_head = false;  // Scales of head h: scale * (0.9 + 0.29 h); else scale * 0.9 for all.
-    int64_t q_fp8_gap = 0;        // Unused bytes after each head row and after each token (a strided output).
+    int64_t q_fp8_gap = 0;  // Unused bytes before the output, after each head row and after each token
+                            // (strides and a first byte aligned, or not, for 16-byte runs).
 };
 
 // A call on host memory. Both caches live in one byte buffer (they may interleave).
@@ -115,7 +116,8 @@ struct Setup {
     }
     rope::Fp8Output q_fp8() const {
         if (!shape.q_fp8) return {};
-        rope::Fp8Output out = rope::Fp8Output::dense(const_cast<uint8_t*>(q_fp8_bytes.data()), rope::Device::host,
+        rope::Fp8Output out = rope::Fp8Output::dense(const_cast<uint8_t*>(q_fp8_bytes.data()) + shape.q_fp8_gap,
+                                                     rope::Device::host,
                                                      shape.tokens, shape.q_heads, shape.head_dim, *shape.q_fp8);
         out.stride_head = shape.head_dim + shape.q_fp8_gap;
         out.stride_token = shape.q_heads * out.stride_head + shape.q_fp8_gap;
@@ -243,7 +245,7 @@ Setup make_setup(const rope::RopeConfig& config, const Shape& shape) {
     if (shape.q_fp8) {
         const int64_t stride_token = shape.q_heads * (shape.head_dim + shape.q_fp8_gap) + shape.q_fp8_gap;
         // Poison (0xff: NaN in both formats), and 16 guard bytes past the last row.
-        s.q_fp8_bytes.assign(size_t(shape.tokens * stride_token + 16), uint8_t(0xff));
+        s.q_fp8_bytes.assign(size_t(shape.q_fp8_gap + shape.tokens * stride_token + 16), uint8_t(0xff));
         const int64_t count = shape.q_fp8_per_head ? std::max<int64_t>(shape.q_heads, 1) : 1;
         for (int64_t h = 0; h < count; ++h) s.q_scales.push_back(shape.scale * (0.9f + 0.29f * float(h)));
     }
@@ -396,11 +398,12 @@ void check_q_fp8(const Setup& s, const Setup& before, const std::vector<double>&
     CAPTURE(s.shape.q_fp8_gap);
     REQUIRE(s.q_fp8_bytes.size() == before.q_fp8_bytes.size());
     std::vector<uint8_t> expected = before.q_fp8_bytes;
+    const int64_t first = static_cast<const uint8_t*>(out.data) - s.q_fp8_bytes.data();
     long wrong = 0;
     for (int64_t t = 0; t < out.tokens; ++t)
         for (int64_t h = 0; h < out.heads; ++h)
             for (int64_t d = 0; d < out.head_dim; ++d) {
-                const size_t at = size_t(t * out.stride_token + h * out.stride_head + d);
+                const size_t at = size_t(first + t * out.stride_token + h * out.stride_head + d);
                 expected[at] = s.q_fp8_bytes[at];
                 const uint8_t code = s.q_fp8_bytes[at];
                 const double value = want_q[size_t((h * out.tokens + t) * out.head_dim + d)];
@@ -929,7 +932,8 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv bug: FP8 q saturates (scale != 1): overflow
             for (int64_t t = 0; t < out.tokens; ++t)
                 for (int64_t h = 0; h < out.heads; ++h)
                     for (int64_t d = 0; d < out.head_dim; ++d) {
-                        const uint8_t code = s.q_fp8_bytes[size_t(t * out.stride_token + h * out.stride_head + d)];
+                        const uint8_t code = static_cast<const uint8_t*>(
+                            out.data)[t * out.stride_token + h * out.stride_head + d];
                         positive += code == max_code;
                         negative += code == uint8_t(max_code | 0x80);
                         not_finite += e4m3fn ? (code & 0x7f) == max_nan_or_inf : (code & 0x7f) >= max_nan_or_inf;
