@@ -116,9 +116,9 @@ struct Setup {
     }
     rope::Fp8Output q_fp8() const {
         if (!shape.q_fp8) return {};
-        rope::Fp8Output out = rope::Fp8Output::dense(const_cast<uint8_t*>(q_fp8_bytes.data()) + shape.q_fp8_gap,
-                                                     rope::Device::host,
-                                                     shape.tokens, shape.q_heads, shape.head_dim, *shape.q_fp8);
+        uint8_t* first = const_cast<uint8_t*>(q_fp8_bytes.data()) + shape.q_fp8_gap;
+        rope::Fp8Output out = rope::Fp8Output::dense(first, rope::Device::host, shape.tokens, shape.q_heads,
+                                                     shape.head_dim, *shape.q_fp8);
         out.stride_head = shape.head_dim + shape.q_fp8_gap;
         out.stride_token = shape.q_heads * out.stride_head + shape.q_fp8_gap;
         return out.with_scale(q_scales.data(), int64_t(q_scales.size()));
