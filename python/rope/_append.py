@@ -161,26 +161,25 @@ def _fp8_out(q_out: Any, q_out_dtype: Optional[str]) -> Tuple[Any, str]:
     """(q_out as rope reads it, its FP8 format or ""): a torch.float8 tensor as its uint8 codes.
 
     A uint8 q_out (or any with q_out_dtype named) is taken as FP8 by the C++ side, which checks it."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(q_out, torch.Tensor):
-        fp8 = _FP8_TORCH.get(str(q_out.dtype).replace("torch.", ""))
-        if fp8 is not None:
-            if q_out_dtype is not None and q_out_dtype != fp8:
-                raise _fail("q_out_dtype", repr(q_out_dtype), f"disagrees with q_out.dtype {q_out.dtype}")
-            return q_out.view(torch.uint8), fp8
-    return q_out, q_out_dtype or ""
+    return _fp8_codes("q_out", q_out, q_out_dtype, "q_out_dtype")
 
 
 def _cache(name: str, cache: Any, cache_dtype: Optional[str]) -> Tuple[Any, str]:
     """(the cache as rope reads it, its format): a torch.float8 tensor as its uint8 codes."""
+    return _fp8_codes(name, cache, cache_dtype, "cache_dtype")
+
+
+def _fp8_codes(name: str, array: Any, named: Optional[str], named_by: str) -> Tuple[Any, str]:
+    """(array as rope reads it, its FP8 format or ""): a torch.float8 tensor becomes its uint8 codes and
+    names its own format, which must agree with ``named`` (the argument ``named_by``) when that is given."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(cache, torch.Tensor):
-        fp8 = _FP8_TORCH.get(str(cache.dtype).replace("torch.", ""))
+    if torch is not None and isinstance(array, torch.Tensor):
+        fp8 = _FP8_TORCH.get(str(array.dtype).replace("torch.", ""))
         if fp8 is not None:
-            if cache_dtype is not None and cache_dtype != fp8:
-                raise _fail("cache_dtype", repr(cache_dtype), f"disagrees with {name}.dtype {cache.dtype}")
-            return cache.view(torch.uint8), fp8
-    return cache, cache_dtype or ""
+            if named is not None and named != fp8:
+                raise _fail(named_by, repr(named), f"disagrees with {name}.dtype {array.dtype}")
+            return array.view(torch.uint8), fp8
+    return array, named or ""
 
 
 def _scale(name: str, scale: Any, cache: Any) -> Any:
