@@ -15,7 +15,8 @@
 //   those of q and k.
 // - --op append (AppendWorkload, CUDA backends): RoPE fused with the paged KV-cache append against the same
 //   work unfused (the backend's RoPE call, then append_baseline.cu's scatter), both against a copy of the
-//   bytes the fused call moves.
+//   bytes the fused call moves; with --q-fp8 the fused call writes q in the caches' FP8 format (the bytes
+//   FlashInfer's fused kernel writes for q), and the unfused pair, which has no such output, is not run.
 // - --op qknorm (CUDA backends): the fused QK-RMSNorm + RoPE (rope::apply_qk_norm, per head, Llama-style weight)
 //   against the same work as a user runs it unfused (qk_norm_baseline.cu's RMSNorm of q, then of k, then the
 //   backend's RoPE call), both on the same sets and against the copy of the same q and k bytes.
@@ -379,8 +380,11 @@ public:
 #if ROPE_BENCH_FLASHINFER
         prepare_flashinfer(form, bounds, cached, first_page, order);  // After the caches: its calls write them.
 #endif
-        scales_ = on_device(std::vector<float>{0.03125f, 0.0625f}, cuda);  // k's and v's.
-        moved_ = double(set_bytes_ + q_bytes_ + kv_bytes_) + 8.0 * double(tokens_) +
+        scales_ = on_device(std::vector<float>{0.03125f, 0.0625f, 0.03125f}, cuda);  // k's, v's and q's.
+        // --q-fp8: q is written once, in the caches' FP8 format, instead of in the model's dtype.
+        const std::size_t q_written = options.q_fp8 ? q_bytes_ / element : q_bytes_;
+        if (options.q_fp8) q_fp8_ = rope::Buffer(cuda, set_stride(q_written) * std::size_t(sets_));
+        moved_ = double(set_bytes_ + q_written + kv_bytes_) + 8.0 * double(tokens_) +
                  2.0 * double(tokens_ * form.k_heads * form.head_dim) * double(cache_element);
         const std::size_t copy_bytes = std::size_t(moved_ / 2) / 16 * 16;
         copy_ = {nullptr, nullptr, copy_bytes, set_stride(copy_bytes), sets_};
@@ -391,7 +395,7 @@ public:
         detail_ = (form.detail.empty() ? "" : form.detail + "; ") + std::to_string(sequences) + " sequences" +
                   (place_ids ? " (positions: each token's place in its sequence, int64 ids)" : "") + ", " +
                   std::to_string(pages) + " pages of " + std::to_string(page_size) + " slots in a random order, " +
-                  "cache " + rope::cache_dtype_name(options.cache_dtype);
+                  "cache " + rope::cache_dtype_name(options.cache_dtype) + (options.q_fp8 ? ", q in FP8" : "");
 
         cu_seqlens_ = on_device(form.cu_seqlens, cuda);
         ids_ = on_device(form.ids, cuda);
@@ -416,7 +420,7 @@ public:
             args.q = view(inputs_, 0, form.q_heads);
             args.k = view(inputs_, q_bytes_, form.k_heads);
             args.v = view(inputs_, q_bytes_ + kv_bytes_, form.k_heads);
-            args.q_out = options.in_place ? args.q : view(outputs_, 0, form.q_heads);
+            args.q_out = options.in_place || options.q_fp8 ? args.q : view(outputs_, 0, form.q_heads);
             args.k_out = options.in_place ? args.k : view(outputs_, q_bytes_, form.k_heads);
             args.positions = place_ids ? rope::Positions::shared(static_cast<const int64_t*>(places_.data()) +
                                                                       s * tokens_,
@@ -427,6 +431,10 @@ public:
             args.v_cache = v_cache;
             args.cos_sin_cache = form.cos_sin_cache(static_cast<const float*>(table_.data()), cuda);
             args.stream = stream_.get();
+            if (options.q_fp8)
+                args.q_out_fp8 = rope::Fp8Output::dense(static_cast<char*>(q_fp8_.data()) + std::size_t(s) * set_stride(q_written),
+                                                        cuda, tokens_, form.q_heads, form.head_dim, options.cache_dtype)
+                                     .with_scale(scales + 2, 1);
             if (s == 0) first_args_ = args;
             rope::RopeArgs rope_args{args.q, args.k, args.q_out, args.k_out, args.positions, rope::Direction::forward,
                                      args.stream, args.cos_sin_cache};
@@ -472,8 +480,9 @@ public:
             measured.op = fused ? "append" : "append-cache-only";
             // What the call does that rope's does not, since the ceiling counts rope's bytes: the fused kernel
             // writes q in the cache's type and no rotated k back to a live k; the plain append rotates nothing.
-            measured.form_detail += fused ? "; FlashInfer writes q_out in the cache's type and no k_out"
-                                          : "; FlashInfer copies k and v as they are, q untouched";
+            measured.form_detail += !fused          ? "; FlashInfer copies k and v as they are, q untouched"
+                                    : options_.q_fp8 ? "; FlashInfer writes no k_out"
+                                                     : "; FlashInfer writes q_out in the cache's type and no k_out";
             auto issue = [&](int64_t c) {
                 const FlashInferAppend& call = flashinfer_calls_[std::size_t(c % sets_)];
                 if (fused) flashinfer_rope_append_async(call, stream_.get());
@@ -521,11 +530,16 @@ public:
         std::vector<Row> rows;
         for (const auto& [op, launch] : {std::pair<const char*, const Launch*>{"append", &fused},
                                          {"append-unfused", &unfused}}) {
+            Row measured = row;
+            measured.op = op;
+            if (launch == &unfused && options_.q_fp8) {
+                measured.not_run = "unsupported: --q-fp8: the unfused pair (RoPE, then the scatter) writes no FP8 q";
+                rows.push_back(measured);
+                continue;
+            }
             std::vector<Measurement> runs;
             for (int run = 0; run < options_.runs; ++run)
                 runs.push_back(cuda_measure(*launch, clock, reps, copy_, stream_.get()));
-            Row measured = row;
-            measured.op = op;
             measured.summary = summarize(runs);
             measured.sets = sets_;
             measured.bytes = moved_;
@@ -618,6 +632,7 @@ private:
     Sets copy_;         // The ceiling's copies: half of moved_, set by set.
     std::string detail_;
     rope::Buffer inputs_, outputs_, slots_, places_, k_cache_, v_cache_, scales_, copy_source_, copy_destination_;
+    rope::Buffer q_fp8_;  // --q-fp8: each set's FP8 q output.
     rope::Buffer cu_seqlens_, ids_, table_;
     rope::CudaStream stream_;
     rope::KvAppendArgs first_args_;

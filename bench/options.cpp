@@ -35,7 +35,8 @@ RoPE + KV append (--op append, CUDA backends, thd layout: B sequences of N new t
   append    the fused call (rope::append_kv) into paged NHD k and v caches of --page-size slots
             (default 16), pages in a random order, each sequence after [0, --context) cached tokens;
             unfused: the backend's RoPE call, then a plain scatter of k and v into the same slots;
-            both against a copy of the bytes the fused call moves; --cache model|e4m3fn|e5m2
+            both against a copy of the bytes the fused call moves; --cache model|e4m3fn|e5m2;
+            --q-fp8: q written in the caches' FP8 format (no unfused row)
 QK-RMSNorm + RoPE (--op qknorm, CUDA backends; per-head norm, Llama-style weight of the dtype):
   qknorm    the fused call (rope::apply_qk_norm), rounding as --rounding says (default float32)
   unfused   bench/qk_norm_baseline.cu's RMSNorm of q, then of k, then the backend's RoPE call;
@@ -214,6 +215,9 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_option("--cache", cache, "--op append: what the caches store: model, e4m3fn or e5m2 (default model)")
         ->check(CLI::IsMember({"model", "e4m3fn", "e5m2"}))
         ->needs(op_option);
+    app.add_flag("--q-fp8", options.q_fp8, "--op append: rotated q written in the caches' FP8 format, as "
+                                               "FlashInfer's fused kernel writes it (needs --cache e4m3fn or e5m2)")
+            ->needs(op_option);
     CLI::Option* rounding_option =
         app.add_option("--rounding", rounding, "--op qknorm: float32, hf_qwen3, hf_gemma3 or hf_olmo2 "
                                                "(default float32)")
@@ -249,6 +253,9 @@ Options parse_options(int argc, const char* const* argv) {
             throw UsageError("--cp: --op append measures unsharded sequences only");
         options.layout = rope::Layout::thd;
     }
+    if (options.q_fp8 && (options.op != "append" || options.cache_dtype == rope::CacheDType::model))
+        throw UsageError("--q-fp8: needs --op append with --cache e4m3fn or e5m2 (q goes to the caches' FP8 format; "
+                         "here --op " + options.op + " --cache " + cache + ")");
     if (options.op == "rerotate") {  // Keys alone, at the plain positions: a window shift (see kFooter).
         const std::string op = ": --op rerotate ";
         if (options.kv_heads > 0)

@@ -92,6 +92,7 @@ struct Options {
     int64_t page_size = 16;             ///< --op append: slots per cache page.
     int64_t context = 2048;             ///< --op append: each sequence's cached tokens drawn from [0, context).
     rope::CacheDType cache_dtype = rope::CacheDType::model;  ///< --op append: --cache model, e4m3fn or e5m2.
+    bool q_fp8 = false;  ///< --op append: --q-fp8, rotated q written in the caches' FP8 format (rope::Fp8Output).
     rope::QkNormRounding rounding = rope::QkNormRounding::float32;  ///< --op qknorm: --rounding.
     bool help = false;                  ///< --help: print usage and do nothing else.
     std::string usage;                  ///< The help text (always filled).

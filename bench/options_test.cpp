@@ -46,7 +46,8 @@ TEST_CASE("defaults, and options read as written") {
     CHECK(parse({"--help"}).help);
     const rope_bench::Options append = parse({"--op", "append", "--page-size", "32", "--cache", "e5m2"});
     CHECK((append.op == "append" && append.layout == rope::Layout::thd && append.page_size == 32 &&
-           append.cache_dtype == rope::CacheDType::e5m2 && append.context == 2048));
+           append.cache_dtype == rope::CacheDType::e5m2 && append.context == 2048 && !append.q_fp8));
+    CHECK(parse({"--op", "append", "--cache", "e4m3fn", "--q-fp8"}).q_fp8);
     const rope_bench::Options qk = parse({"--op", "qknorm", "--rounding", "hf_qwen3"});
     CHECK((qk.op == "qknorm" && qk.rounding == rope::QkNormRounding::hf_qwen3));
     CHECK((parse({}).op == "rope" && parse({"--op", "qknorm"}).rounding == rope::QkNormRounding::float32));
@@ -117,6 +118,10 @@ TEST_CASE("the table of accepted and refused options") {
         {{"--op", "append", "--context", "0"}, "--context: must be a number from 1 to 1048576, got 0"},
         {{"--op", "append", "--context", "2e6"}, "--context: must be a number from 1 to 1048576, got 2e6"},
         {{"--op", "append", "--cache", "int8"}, "--cache: int8 not in"},
+        {{"--op", "append", "--cache", "e5m2", "--q-fp8"}, ""},
+        {{"--op", "append", "--q-fp8"}, "--q-fp8: needs --op append with --cache e4m3fn or e5m2"},
+        {{"--op", "rope", "--q-fp8"}, "--q-fp8: needs --op append with --cache e4m3fn or e5m2"},
+        {{"--q-fp8"}, "--q-fp8 requires --op"},
         {{"--page-size", "16"}, "--page-size requires --op"},
         {{"--op", "append", "--layout", "bshd"}, "--layout bshd: --op append takes thd"},
         {{"--op", "append", "--cp", "2,0"}, "--cp: --op append measures unsharded sequences only"},

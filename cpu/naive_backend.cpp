@@ -74,6 +74,33 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
     }
 }
 
+// q's FP8 output: every token's q rows rotated in float32 and quantised, never rounded to
+// the model dtype first; the pass-through features of partial rotary quantised as they are.
+template <typename Storage>
+void quantise_q_rows(const KvAppendPlan& plan) {
+    const Plan& rope = plan.rope;
+    const auto* q = static_cast<const Storage*>(rope.q.in);
+    const Geometry& g = rope.q.in_geometry;
+    for (int64_t t = 0; t < plan.tokens(); ++t) {
+        for (int64_t h = 0; h < g.heads; ++h) {
+            const int64_t row = plan.q_fp8.row_offset(t, 1, h);
+            for (int64_t i = 0; i < rope.pairs; ++i) {
+                float cos_angle, sin_angle;
+                rotation_factors(rope.angles, rope.positions.at(0, t, rope.angles.pair_axis[size_t(i)]), i, cos_angle,
+                                 sin_angle);
+                const PairIndex pair = pair_elements(rope.style, rope.rotary_dim, i);
+                float x = to_float(q[g.offset(0, h, t, pair.first)]);
+                float y = to_float(q[g.offset(0, h, t, pair.second)]);
+                rotate_pair(x, y, cos_angle, sin_angle);
+                store_cache_element(plan.q_fp8, row + pair.first, h, Storage{}, x);
+                store_cache_element(plan.q_fp8, row + pair.second, h, Storage{}, y);
+            }
+            for (int64_t d = rope.rotary_dim; d < g.head_dim; ++d)
+                store_cache_element(plan.q_fp8, row + d, h, Storage{}, to_float(q[g.offset(0, h, t, d)]));
+        }
+    }
+}
+
 // RoPE + KV append (rope::append_kv), the fused decode step of a serving engine.
 // The lesson: tutorials/14_kv_cache_append/chapter.md. For every token t:
 //   q_out[t] = RoPE(q[t])                                   (rotate_operand, as above)
@@ -82,11 +109,16 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
 //   if 0 <= slot < pages * page_size:                       (else padding: nothing cached)
 //     k_cache[slot / page_size, slot % page_size] = k_out[t]   (FP8: quantised from float32)
 //     v_cache[slot / page_size, slot % page_size] = v[t]       (unrotated)
-// The angle comes from the positions, never from the slot.
+// The angle comes from the positions, never from the slot. With an FP8 q output
+// (KvAppendPlan::quantises_q) q's rotation goes there instead of q_out:
+//   q_fp8[t] = quantize_fp8(RoPE(q[t]) in float32, scale)   (store_cache_element; q unchanged)
 template <typename Storage>
 void append_rows(const KvAppendPlan& plan) {
     const Plan& rope = plan.rope;
-    rotate_operand<Storage>(rope, rope.q);
+    if (plan.quantises_q())
+        quantise_q_rows<Storage>(plan);
+    else
+        rotate_operand<Storage>(rope, rope.q);
     const auto* k = static_cast<const Storage*>(rope.k.in);
     auto* k_out = static_cast<Storage*>(rope.k.out);
     const Geometry& g = rope.k.in_geometry;

@@ -3,7 +3,8 @@
 // feature or v feature. The lesson: tutorials/14_kv_cache_append/chapter.md.
 //
 // Thread `item` takes, within token t = item / per_token, one of:
-//   a pair (or pass-through feature) of a q head row    -> q_out;
+//   a pair (or pass-through feature) of a q head row    -> q_out, or q's FP8 output
+//                                                          (quantised from float32);
 //   a pair (or pass-through feature) of a k head row    -> k_out, and the cache row of the
 //                                                          token's slot (model dtype or FP8);
 //   a feature of a v head row                           -> the v cache row of the slot.
@@ -40,6 +41,7 @@ struct AppendArgs {
     const int64_t* slots;
     int64_t slot_count, page_size, slot_limit;
     CacheTarget k_cache, v_cache;
+    CacheTarget q_fp8;  // Data null: q goes to q_out.
 };
 
 __device__ int64_t slot_of(const AppendArgs& args, int64_t t) {
@@ -74,6 +76,8 @@ __global__ void kv_append_generic_kernel(const __grid_constant__ AppendArgs args
         auto* out = static_cast<Storage*>(operand.out);
         const int64_t slot = is_k ? slot_of(args, t) : -1;
         const int64_t row = slot < 0 ? 0 : args.k_cache.row_offset(slot, args.page_size, h);
+        const bool q_fp8 = !is_k && args.q_fp8.data != nullptr;  // q's rotation to FP8 only.
+        const int64_t q_row = q_fp8 ? args.q_fp8.row_offset(t, 1, h) : 0;
         if (i < args.pairs) {
             float cos_angle, sin_angle;
             rotation_factors(args.angles, args.positions.at(0, t, args.angles.pair_axis[i]), i, cos_angle, sin_angle);
@@ -82,6 +86,11 @@ __global__ void kv_append_generic_kernel(const __grid_constant__ AppendArgs args
             float y = to_float(in[g.offset(0, h, t, pair.second)]);
             rotate_pair(x, y, cos_angle, sin_angle);
             const Storage x_stored = from_float<Storage>(x), y_stored = from_float<Storage>(y);
+            if (q_fp8) {
+                store_cache_element(args.q_fp8, q_row + pair.first, h, x_stored, x);
+                store_cache_element(args.q_fp8, q_row + pair.second, h, y_stored, y);
+                continue;
+            }
             out[o.offset(0, h, t, pair.first)] = x_stored;  // The live k (or q): always written.
             out[o.offset(0, h, t, pair.second)] = y_stored;
             if (slot < 0) continue;
@@ -90,6 +99,10 @@ __global__ void kv_append_generic_kernel(const __grid_constant__ AppendArgs args
         } else {
             const int64_t d = args.rotary_dim + (i - args.pairs);  // Partial rotary: passed through.
             const Storage value = in[g.offset(0, h, t, d)];
+            if (q_fp8) {
+                store_cache_element(args.q_fp8, q_row + d, h, value, to_float(value));
+                continue;
+            }
             out[o.offset(0, h, t, d)] = value;
             if (slot >= 0) store_cache_element(args.k_cache, row + d, h, value, to_float(value));
         }
@@ -122,6 +135,7 @@ void launch_kv_append_generic(const KvAppendPlan& plan) {
     args.slot_limit = plan.slot_limit;
     args.k_cache = plan.k_cache;
     args.v_cache = plan.v_cache;
+    args.q_fp8 = plan.q_fp8;
     if (args.total == 0) return;
     const cudaLaunchConfig_t config = grid_stride_config(args.total, 256, stream_of(rope));
     dispatch_dtype(rope.dtype, [&](auto storage) {

@@ -113,6 +113,10 @@ inline void check_device_pointers(const KvAppendPlan& plan) {
     check_device_pointer("v_cache.data", plan.v_cache.data, device);
     if (plan.k_cache.scale != nullptr) check_device_pointer("k_cache.scale", plan.k_cache.scale, device);
     if (plan.v_cache.scale != nullptr) check_device_pointer("v_cache.scale", plan.v_cache.scale, device);
+    if (plan.quantises_q()) {
+        check_device_pointer("q_out_fp8.data", plan.q_fp8.data, device);
+        check_device_pointer("q_out_fp8.scale", plan.q_fp8.scale, device);
+    }
 }
 
 }  // namespace rope::cuda_detail

@@ -4,7 +4,9 @@
 // padding included) must match the oracle, each written cache element must hold
 // the oracle's value (2-byte dtypes: within one storage ulp of it, plus the
 // float32 pipeline's bound), and every other byte of the cache, and of the
-// inputs of an out-of-place call, must be as it was. The CUDA backends run on
+// inputs of an out-of-place call, must be as it was. With an FP8 q output, its
+// codes (every token) must be the reference's quantisation of the oracle's q,
+// q itself unchanged, and the output's gaps untouched. The CUDA backends run on
 // device copies of everything and report Skipped without a GPU.
 //
 // One test per bug of the serving engines' list (docs/api.md, "RoPE + KV
@@ -67,6 +69,11 @@ struct Shape {
     std::optional<rope::CacheDType> v_cache_dtype;            // v's, where it differs (nhd, hnd, strided pages).
     float scale = 1.0f;     // FP8: the dequantisation scale of head 0 (head h: scale * (1 + 0.37 h) per head).
     bool per_head_scales = false;
+    // An FP8 output of the rotated q (q_out is then q itself, and must stay unwritten).
+    std::optional<rope::CacheDType> q_fp8;
+    bool q_fp8_per_head = false;  // Scales of head h: scale * (0.9 + 0.29 h); else scale * 0.9 for all.
+    int64_t q_fp8_gap = 0;  // Unused bytes before the output, after each head row and after each token
+                            // (strides and a first byte aligned, or not, for 16-byte runs).
 };
 
 // A call on host memory. Both caches live in one byte buffer (they may interleave).
@@ -88,6 +95,8 @@ struct Setup {
     HostTensor spare;          // A replacement tensor for tests that need one.
     void* external = nullptr;  // Memory outside the setup (the large test's sparse cache), staged like the rest.
     size_t external_bytes = 0;
+    std::vector<uint8_t> q_fp8_bytes;  // q's FP8 output and its gaps, poisoned, plus guard bytes after it.
+    std::vector<float> q_scales;
 
     rope::Positions positions() const {
         if (ids.empty()) return rope::Positions::starting_at(offset);
@@ -105,12 +114,22 @@ struct Setup {
         if (!scales.empty()) c.scale = scales.data(), c.scale_count = int64_t(scales.size());
         return c;
     }
+    rope::Fp8Output q_fp8() const {
+        if (!shape.q_fp8) return {};
+        uint8_t* first = const_cast<uint8_t*>(q_fp8_bytes.data()) + shape.q_fp8_gap;
+        rope::Fp8Output out = rope::Fp8Output::dense(first, rope::Device::host, shape.tokens, shape.q_heads,
+                                                     shape.head_dim, *shape.q_fp8);
+        out.stride_head = shape.head_dim + shape.q_fp8_gap;
+        out.stride_token = shape.q_heads * out.stride_head + shape.q_fp8_gap;
+        return out.with_scale(q_scales.data(), int64_t(q_scales.size()));
+    }
     rope::KvAppendArgs args() const {
         rope::KvAppendArgs a = rope::KvAppendArgs::in_place(
             q.view, k.view, v.view, positions(),
             rope::SlotMapping{slots.empty() ? nullptr : slots.data(), int64_t(slots.size()), rope::Device::host},
             cache(true), cache(false));
         if (!shape.in_place) a.q_out = q_out.view, a.k_out = k_out.view;
+        if (shape.q_fp8) a.q_out = q.view, a.q_out_fp8 = q_fp8();  // The FP8 output requires q_out = q.
         a.cos_sin_cache = cos_sin_cache();
         return a;
     }
@@ -223,13 +242,23 @@ Setup make_setup(const rope::RopeConfig& config, const Shape& shape) {
     s.offset = int64_t(rng() % 50);
     s.slots = random_slots(shape, rng);
     build_caches(s);
+    if (shape.q_fp8) {
+        const int64_t stride_token = shape.q_heads * (shape.head_dim + shape.q_fp8_gap) + shape.q_fp8_gap;
+        // Poison (0xff: NaN in both formats), and 16 guard bytes past the last row.
+        s.q_fp8_bytes.assign(size_t(shape.q_fp8_gap + shape.tokens * stride_token + 16), uint8_t(0xff));
+        const int64_t count = shape.q_fp8_per_head ? std::max<int64_t>(shape.q_heads, 1) : 1;
+        for (int64_t h = 0; h < count; ++h) s.q_scales.push_back(shape.scale * (0.9f + 0.29f * float(h)));
+    }
     return s;
 }
 
-// Runs the call on the backend: directly on the host, or on device copies of every array.
-void run_append(rope::Backend& backend, Setup& s) {
+// Runs the call on the backend: directly on the host, or on device copies of every array (copied
+// back, whether the call returns or throws). `adjust`, if given, changes the arguments last.
+void run_append(rope::Backend& backend, Setup& s, const std::function<void(rope::KvAppendArgs&)>& adjust = {}) {
     if (backend.device() == rope::Device::host) {
-        rope::append_kv(backend, s.config, s.args());
+        rope::KvAppendArgs a = s.args();
+        if (adjust) adjust(a);
+        rope::append_kv(backend, s.config, a);
         return;
     }
     // Each host array gets a device copy; pointers into it are moved by the same offset.
@@ -257,6 +286,8 @@ void run_append(rope::Backend& backend, Setup& s) {
     add(s.table.data(), s.table.size() * 4);
     add(s.k_scales.data(), s.k_scales.size() * 4);
     add(s.v_scales.data(), s.v_scales.size() * 4);
+    add(s.q_fp8_bytes.data(), s.q_fp8_bytes.size());
+    add(s.q_scales.data(), s.q_scales.size() * 4);
     auto moved = [&](const void* pointer) -> void* {
         for (Region& r : regions) {
             const auto* base = static_cast<const uint8_t*>(r.host);
@@ -284,7 +315,18 @@ void run_append(rope::Backend& backend, Setup& s) {
         a.cos_sin_cache.data = moved(a.cos_sin_cache.data);
         a.cos_sin_cache.device = rope::Device::cuda;
     }
-    rope::append_kv(backend, s.config, a);
+    if (a.q_out_fp8.data != nullptr) {
+        a.q_out_fp8.data = moved(a.q_out_fp8.data);
+        a.q_out_fp8.scale = static_cast<const float*>(moved(a.q_out_fp8.scale));
+        a.q_out_fp8.device = rope::Device::cuda;
+    }
+    if (adjust) adjust(a);
+    try {
+        rope::append_kv(backend, s.config, a);
+    } catch (const rope::Error&) {
+        for (Region& r : regions) r.device.copy_to_host(r.host);  // What a refused call left on the device.
+        throw;
+    }
     // copy_to_host synchronises (cudaMemcpy on the default stream).
     for (Region& r : regions) r.device.copy_to_host(r.host);
 }
@@ -329,6 +371,61 @@ void check_ulp(const std::vector<double>& got, const std::vector<double>& want, 
     CHECK(bad == 0);
 }
 
+rope::Fp8Format fp8_format(rope::CacheDType dtype) {
+    return dtype == rope::CacheDType::e4m3fn ? rope::Fp8Format::e4m3fn : rope::Fp8Format::e5m2;
+}
+
+// Whether `code` stands for value / scale: the reference code of the exact quotient or, where the
+// float32 pipeline's error (slack) could carry the value across rounding boundaries, a code between
+// the reference codes of the two ends of that error. A NaN code (the poison) never matches.
+bool fp8_code_matches(uint8_t code, double value, double scale, double slack, rope::Fp8Format format) {
+    if (code == testing::reference_fp8(value / scale, format)) return true;
+    const double low = testing::reference_fp8_value(testing::reference_fp8((value - slack) / scale, format), format);
+    const double high = testing::reference_fp8_value(testing::reference_fp8((value + slack) / scale, format), format);
+    const double got = testing::reference_fp8_value(code, format);
+    return got >= low && got <= high;
+}
+
+// q's FP8 output: every (token, head, feature) code (padding tokens too) against the oracle's
+// rotation, quantised by the reference; every other byte of its buffer (the gaps, the guard
+// bytes after it) as it was.
+void check_q_fp8(const Setup& s, const Setup& before, const std::vector<double>& want_q, double pipeline) {
+    const rope::Fp8Output out = s.q_fp8();
+    const rope::Fp8Format format = fp8_format(out.dtype);
+    const std::string format_name(rope::cache_dtype_name(out.dtype));
+    CAPTURE(format_name);
+    CAPTURE(s.shape.q_fp8_per_head);
+    CAPTURE(s.shape.q_fp8_gap);
+    REQUIRE(s.q_fp8_bytes.size() == before.q_fp8_bytes.size());
+    std::vector<uint8_t> expected = before.q_fp8_bytes;
+    const int64_t first = static_cast<const uint8_t*>(out.data) - s.q_fp8_bytes.data();
+    long wrong = 0;
+    for (int64_t t = 0; t < out.tokens; ++t)
+        for (int64_t h = 0; h < out.heads; ++h)
+            for (int64_t d = 0; d < out.head_dim; ++d) {
+                const size_t at = size_t(first + t * out.stride_token + h * out.stride_head + d);
+                expected[at] = s.q_fp8_bytes[at];
+                const uint8_t code = s.q_fp8_bytes[at];
+                const double value = want_q[size_t((h * out.tokens + t) * out.head_dim + d)];
+                const double scale = s.q_scales[size_t(s.q_scales.size() == 1 ? 0 : h)];
+                if (!fp8_code_matches(code, value, scale, pipeline + std::fabs(value) * 0x1p-22, format)) {
+                    if (wrong == 0)
+                        MESSAGE("first q FP8 mismatch: token " << t << " head " << h << " feature " << d << ": code "
+                                                               << int(code) << ", reference "
+                                                               << int(testing::reference_fp8(value / scale, format))
+                                                               << " of " << value << " / " << scale);
+                    ++wrong;
+                }
+            }
+    INFO("q_out_fp8: " << wrong << " of " << out.tokens * out.heads * out.head_dim
+                       << " codes differ from the reference");
+    CHECK(wrong == 0);
+    size_t changed = 0;
+    for (size_t i = 0; i < expected.size(); ++i) changed += s.q_fp8_bytes[i] != expected[i];
+    INFO("q_out_fp8 buffer bytes written outside its rows: " << changed);
+    CHECK(changed == 0);
+}
+
 // Runs the setup on the backend and checks everything the header of this file lists.
 void check_append(rope::Backend& backend, Setup s) {
     CAPTURE(backend.name());
@@ -341,7 +438,14 @@ void check_append(rope::Backend& backend, Setup s) {
     const Setup before = s;  // HostTensor copies re-point; cache_bytes is copied too.
     run_append(backend, s);
     const double pipeline = testing::fp32_max_abs(largest_position(s));
-    check_ulp(s.q_result().values(), want.q, s.shape.dtype, pipeline, "q_out");
+    if (s.shape.q_fp8) {
+        check_q_fp8(s, before, want.q, pipeline);
+        // q stays as it was (q_out is q, and is not written), and the unused q_out tensor too.
+        CHECK(s.q.storage == before.q.storage);
+        CHECK(s.q_out.storage == before.q_out.storage);
+    } else {
+        check_ulp(s.q_result().values(), want.q, s.shape.dtype, pipeline, "q_out");
+    }
     check_ulp(s.k_result().values(), want.k, s.shape.dtype, pipeline, "k_out (the live key)");
     // The cache: written elements hold the oracle's values; every other byte is untouched.
     std::vector<uint8_t> expected_untouched = before.cache_bytes;
@@ -559,6 +663,8 @@ TEST_CASE_TEMPLATE_APPLY(decode_128, AllBackends);
 // smaller, and take the kernels for small calls. These
 // calls take a quarter more tokens than that (Llama's 32 + 8 heads, head_dim 128, pages of 16 slots):
 // past the threshold, and small enough for the compute-sanitizer tools to go through in seconds.
+// The last also writes q's rotation to an e4m3fn output beside the e4m3fn caches, which the same
+// kernel's threads store in place of q_out.
 TEST_CASE_TEMPLATE_DEFINE("CUDA: append_kv calls that fill the GPU (several rows a thread), model-dtype and FP8 caches", B,
                           append_bandwidth) {
     auto backend = testing::backend_or_skip(B::name);
@@ -568,12 +674,15 @@ TEST_CASE_TEMPLATE_DEFINE("CUDA: append_kv calls that fill the GPU (several rows
         rope::Style style;
         rope::CacheDType cache;
         bool per_head;
+        std::optional<rope::CacheDType> q_fp8;  // q's FP8 output, in the caches' format: the same kernel.
     };
-    const Case cases[] = {{rope::DType::bf16, rope::Style::half_split, rope::CacheDType::model, false},
-                          {rope::DType::bf16, rope::Style::half_split, rope::CacheDType::e4m3fn, true},
-                          {rope::DType::bf16, rope::Style::interleaved, rope::CacheDType::e5m2, false},
-                          {rope::DType::f16, rope::Style::interleaved, rope::CacheDType::e4m3fn, false},
-                          {rope::DType::f32, rope::Style::half_split, rope::CacheDType::e4m3fn, true}};
+    const Case cases[] = {{rope::DType::bf16, rope::Style::half_split, rope::CacheDType::model, false, {}},
+                          {rope::DType::bf16, rope::Style::half_split, rope::CacheDType::e4m3fn, true, {}},
+                          {rope::DType::bf16, rope::Style::interleaved, rope::CacheDType::e5m2, false, {}},
+                          {rope::DType::f16, rope::Style::interleaved, rope::CacheDType::e4m3fn, false, {}},
+                          {rope::DType::f32, rope::Style::half_split, rope::CacheDType::e4m3fn, true, {}},
+                          {rope::DType::bf16, rope::Style::interleaved, rope::CacheDType::e4m3fn, true,
+                           rope::CacheDType::e4m3fn}};
     for (const Case& c : cases) {
         const int64_t width = 16 / rope::dtype_size(c.dtype);  // Values per 16-byte vector.
         const int64_t threads_per_token = (32 + 8 + 8) * (128 / 2 / width);
@@ -592,9 +701,13 @@ TEST_CASE_TEMPLATE_DEFINE("CUDA: append_kv calls that fill the GPU (several rows
         shape.cache_dtype = c.cache;
         shape.scale = 0.0123f;
         shape.per_head_scales = c.per_head;
+        shape.q_fp8 = c.q_fp8;
+        shape.q_fp8_per_head = c.per_head;
+        const bool q_fp8 = c.q_fp8.has_value();
         CAPTURE(shape.tokens);
         CAPTURE(rope::cache_dtype_name(c.cache));
         CAPTURE(c.per_head);
+        CAPTURE(q_fp8);
         check_append(*backend, make_setup(config_of(128, 0, c.style), shape));
     }
 }
@@ -686,6 +799,183 @@ TEST_CASE_TEMPLATE_DEFINE("append_kv bug: FP8 saturates (scale != 1): overflow g
     }
 }
 TEST_CASE_TEMPLATE_APPLY(fp8_saturation, AllBackends);
+
+// q's FP8 output beside every cache type: in the caches' own FP8 format (cuda-optimized's 16-byte
+// kernel, where its runs are aligned), in the other one and beside model-dtype caches (its generic
+// kernel). Gaps of 8 bytes keep every run aligned in a strided output; gaps of 5 do not.
+TEST_CASE_TEMPLATE_DEFINE("append_kv: an FP8 q output (e4m3fn, e5m2), per-tensor and per-head scales, bit-exact", B,
+                          q_fp8) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    SUBCASE("every format, cache type, dtype, pairing, scale and gap")
+    for (rope::CacheDType q_format : {rope::CacheDType::e4m3fn, rope::CacheDType::e5m2})
+        for (rope::CacheDType cache : {rope::CacheDType::model, rope::CacheDType::e4m3fn, rope::CacheDType::e5m2})
+            for (rope::DType dtype : {rope::DType::f32, rope::DType::bf16, rope::DType::f16})
+                for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved})
+                    for (int64_t rotary_dim : {0, 16})  // 16 of 32: pass-through features quantised too.
+                        for (bool per_head : {false, true})
+                            for (int64_t gap : {0, 8, 5}) {
+                                const std::string names = std::string(rope::cache_dtype_name(q_format)) + " q, " +
+                                                          rope::cache_dtype_name(cache) + " caches";
+                                CAPTURE(names);
+                                CAPTURE(rope::dtype_name(dtype));
+                                CAPTURE(rotary_dim);
+                                Shape shape;
+                                shape.dtype = dtype;
+                                shape.cache_dtype = cache;
+                                shape.scale = 0.0123f;  // Not a power of two: x / s rounds as its own quotient.
+                                shape.per_head_scales = per_head;
+                                shape.q_fp8 = q_format;
+                                shape.q_fp8_per_head = per_head;
+                                shape.q_fp8_gap = gap;
+                                shape.in_place = gap == 0;  // Out of place: k_out alone is separate.
+                                shape.q_pad = gap == 5 ? 3 : 0;
+                                shape.tokens = 9;  // Two of them padding, one past the slot list.
+                                check_append(*backend, make_setup(config_of(32, rotary_dim, style), shape));
+                            }
+    // Partial rotary whose pairs are no whole 16-byte run, M-RoPE, a caller's table, MLA's q_pe, and
+    // a call with no q heads at all (an output of no rows).
+    Shape shape;
+    shape.dtype = rope::DType::bf16;
+    shape.cache_dtype = rope::CacheDType::e4m3fn;
+    shape.scale = 0.02f;
+    shape.q_fp8 = rope::CacheDType::e4m3fn;
+    shape.q_fp8_per_head = true;
+    SUBCASE("partial rotary 24 of 32") { check_append(*backend, make_setup(config_of(32, 24), shape)); }
+    check_angle_forms(*backend, 32, shape, {4, 6, 6});
+    SUBCASE("MLA q_pe, 16 heads of 64") {
+        Shape mla = shape;
+        mla.layout = CacheLayout::mla;
+        mla.q_heads = 16;
+        mla.kv_heads = 1;
+        mla.head_dim = 64;
+        mla.v_dim = 512;
+        mla.page_size = 8;
+        mla.tokens = 9;
+        check_append(*backend, make_setup(config_of(64, 0, rope::Style::interleaved), mla));
+    }
+    SUBCASE("no q heads") {
+        Shape none = shape;
+        none.q_heads = 0;
+        none.q_fp8_per_head = false;
+        check_append(*backend, make_setup(config_of(32), none));
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(q_fp8, AllBackends);
+
+// Head_dim 128, bf16, Llama's 32 + 8 heads: q in e4m3fn beside e4m3fn caches (and e5m2 beside
+// e5m2) is what cuda-optimized's 16-byte kernel takes, at one token (its small calls), 16 and a few
+// hundred (several rows a thread); e5m2 beside e4m3fn caches takes its generic kernel.
+TEST_CASE_TEMPLATE_DEFINE("append_kv: head_dim 128 bf16 with an FP8 q output, 1, 16 and 300 tokens", B, q_fp8_128) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    const std::pair<rope::CacheDType, rope::CacheDType> formats[] = {
+        {rope::CacheDType::e4m3fn, rope::CacheDType::e4m3fn},
+        {rope::CacheDType::e5m2, rope::CacheDType::e5m2},
+        {rope::CacheDType::e5m2, rope::CacheDType::e4m3fn}};
+    for (const auto& format : formats)
+        for (int64_t tokens : {1, 16, 300})
+            for (rope::Style style : {rope::Style::half_split, rope::Style::interleaved}) {
+                const std::string names = std::string(rope::cache_dtype_name(format.first)) + " q, " +
+                                          rope::cache_dtype_name(format.second) + " caches";
+                CAPTURE(names);
+                CAPTURE(tokens);
+                Shape shape;
+                shape.tokens = tokens;
+                shape.q_heads = 32;
+                shape.kv_heads = 8;
+                shape.head_dim = shape.v_dim = 128;
+                shape.page_size = 16;
+                shape.pages = tokens / 16 + 3;
+                shape.padding = tokens > 1 ? 2 : 0;
+                shape.tail = tokens > 1 ? 1 : 0;
+                shape.dtype = rope::DType::bf16;
+                shape.cache_dtype = format.second;
+                shape.scale = 0.0123f;
+                shape.per_head_scales = tokens != 16;
+                shape.q_fp8 = format.first;
+                shape.q_fp8_per_head = tokens != 1;
+                shape.q_fp8_gap = tokens == 16 ? 16 : 0;
+                Setup s = make_setup(config_of(128, 0, style), shape);
+                s.offset = 4093;
+                check_append(*backend, s);
+            }
+}
+TEST_CASE_TEMPLATE_APPLY(q_fp8_128, AllBackends);
+
+TEST_CASE_TEMPLATE_DEFINE("append_kv bug: FP8 q saturates (scale != 1): overflow gives +-max, never inf or NaN", B,
+                          q_fp8_saturation) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    // As the caches' test: inputs up to 2 in magnitude (rotated: up to 2.83) over scales that put
+    // most of them past the format's largest finite value. The caches share q's format (one kernel)
+    // or hold the model dtype (another).
+    for (auto [format, scale, max_code] : {std::tuple{rope::CacheDType::e4m3fn, 1.0f / 1024, uint8_t(0x7e)},
+                                           std::tuple{rope::CacheDType::e5m2, 1.0f / 65536 / 3, uint8_t(0x7b)}})
+        for (bool model_caches : {false, true}) {
+            // A named copy: lambdas (CAPTURE's) cannot capture a structured binding under clang's OpenMP.
+            const std::string format_name(rope::cache_dtype_name(format));
+            CAPTURE(format_name);
+            CAPTURE(model_caches);
+            Shape shape;
+            shape.cache_dtype = model_caches ? rope::CacheDType::model : format;
+            shape.scale = scale;
+            shape.q_fp8 = format;
+            shape.q_fp8_per_head = model_caches;
+            Setup s = make_setup(config_of(32), shape);
+            check_append(*backend, s);  // Codes equal to the saturating reference's.
+            run_append(*backend, s);    // Once more, to count the codes.
+            const rope::Fp8Output out = s.q_fp8();
+            const bool e4m3fn = format == rope::CacheDType::e4m3fn;
+            const uint8_t max_nan_or_inf = uint8_t(e4m3fn ? 0x7f : 0x7c);
+            long positive = 0, negative = 0, not_finite = 0;
+            for (int64_t t = 0; t < out.tokens; ++t)
+                for (int64_t h = 0; h < out.heads; ++h)
+                    for (int64_t d = 0; d < out.head_dim; ++d) {
+                        const uint8_t code = static_cast<const uint8_t*>(
+                            out.data)[t * out.stride_token + h * out.stride_head + d];
+                        positive += code == max_code;
+                        negative += code == uint8_t(max_code | 0x80);
+                        not_finite += e4m3fn ? (code & 0x7f) == max_nan_or_inf : (code & 0x7f) >= max_nan_or_inf;
+                    }
+            CHECK(positive > 100);
+            CHECK(negative > 100);
+            CHECK(not_finite == 0);
+        }
+}
+TEST_CASE_TEMPLATE_APPLY(q_fp8_saturation, AllBackends);
+
+// The kernels dereference q_out_fp8's data and scale: host memory labelled cuda must be refused by
+// name before any launch, not fault or write the host's bytes.
+TEST_CASE_TEMPLATE_DEFINE("CUDA: append_kv refuses host memory as q_out_fp8's data or scale, and writes nothing", B,
+                          q_fp8_host_memory) {
+    auto backend = testing::backend_or_skip(B::name);
+    if (!backend) return;
+    Shape shape;
+    shape.cache_dtype = rope::CacheDType::e4m3fn;
+    shape.scale = 0.05f;
+    shape.q_fp8 = rope::CacheDType::e4m3fn;
+    shape.q_fp8_per_head = true;
+    for (bool data : {true, false}) {
+        CAPTURE(data);
+        Setup s = make_setup(config_of(32), shape);
+        const Setup before = s;
+        std::vector<uint8_t> host_bytes(s.q_fp8_bytes.size(), uint8_t(0xff));
+        const std::vector<float> host_scales = s.q_scales;
+        CHECK_THROWS_WITH_AS(run_append(*backend, s,
+                                        [&](rope::KvAppendArgs& a) {
+                                            if (data) a.q_out_fp8.data = host_bytes.data();
+                                            else a.q_out_fp8.scale = host_scales.data();
+                                        }),
+                             doctest::Contains(data ? "q_out_fp8.data = " : "q_out_fp8.scale = "), rope::Error);
+        CHECK(std::all_of(host_bytes.begin(), host_bytes.end(), [](uint8_t b) { return b == 0xff; }));
+        CHECK(s.q_fp8_bytes == before.q_fp8_bytes);
+        CHECK(s.cache_bytes == before.cache_bytes);
+        CHECK(s.q.storage == before.q.storage);
+        CHECK(s.k.storage == before.k.storage);
+    }
+}
+TEST_CASE_TEMPLATE_APPLY(q_fp8_host_memory, CudaBackends);
 
 TEST_CASE_TEMPLATE_DEFINE("append_kv bug: the rotated k is written back to the live k, not only to the cache", B,
                           written_back) {
@@ -946,18 +1236,133 @@ TEST_CASE("append_kv rejects bad input, naming the parameter, and writes nothing
              a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data(), a.k_cache.scale_count = 1;
          }},
     };
-    for (const Bad& bad : cases) {
+    // q's FP8 output (e4m3fn, per-head scales, an 8-byte gap after each row): each rule of
+    // check_fp8_output and of the overlaps, with a second part of the message where the parameter
+    // alone would not say which rule refused the call.
+    struct BadFp8 {
+        const char* parameter;
+        const char* reason;
+        std::function<void(Setup&, rope::KvAppendArgs&)> spoil;
+    };
+    const BadFp8 fp8_cases[] = {
+        {"q_out_fp8.device = cuda", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.device = rope::Device::cuda; }},
+        {"q_out_fp8.dtype = model", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.dtype = rope::CacheDType::model; }},
+        {"q_out_fp8.tokens = 6", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.tokens = 6; }},
+        {"q_out_fp8.tokens = 8", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.tokens = 8; }},
+        {"q_out_fp8.heads = 2", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.heads = 2; }},
+        {"q_out_fp8.head_dim = 16", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.head_dim = 16; }},
+        {"q_out_fp8.stride_token = -1", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.stride_token = -1; }},
+        {"q_out_fp8.stride_head = -40", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.stride_head = -40; }},
+        {"q_out_fp8.stride_token = 4611686018427387904", "overflow 64 bits",
+         [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.stride_token = int64_t(1) << 62; }},
+        {"q_out_fp8.stride_token = 8", "overflow 64 bits",
+         [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.stride_token = 8, a.q_out_fp8.stride_head = int64_t(1) << 62; }},
+        {"q_out_fp8.strides", "share memory", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.stride_head = 31; }},
+        {"q_out_fp8.strides", "share memory",
+         [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.stride_token = a.q_out_fp8.stride_head; }},
+        {"q_out_fp8.strides", "share memory", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.stride_token = 0; }},
+        {"q_out_fp8.scale = null", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.scale = nullptr; }},
+        {"q_out_fp8.scale_count = 2", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.scale_count = 2; }},
+        {"q_out_fp8.scale_count = 0", "", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.scale_count = 0; }},
+        {"q_out_fp8.scale[2] = 0", "", [](Setup& s, rope::KvAppendArgs&) { s.q_scales[2] = 0.0f; }},
+        {"q_out_fp8.scale[0] = -0.5", "", [](Setup& s, rope::KvAppendArgs&) { s.q_scales[0] = -0.5f; }},
+        {"q_out_fp8.scale[3] = nan", "", [](Setup& s, rope::KvAppendArgs&) { s.q_scales[3] = NAN; }},
+        {"q_out_fp8.scale[1] = inf", "", [](Setup& s, rope::KvAppendArgs&) { s.q_scales[1] = INFINITY; }},
+        {"q_out_fp8.scale[0] = 0", "",  // Per tensor: the one scale.
+         [](Setup& s, rope::KvAppendArgs& a) { s.q_scales[0] = 0.0f, a.q_out_fp8.scale_count = 1; }},
+        {"q_out_fp8.scale", "aligned to 4 bytes",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             a.q_out_fp8.scale = reinterpret_cast<const float*>(reinterpret_cast<const char*>(s.q_scales.data()) + 1),
+             a.q_out_fp8.scale_count = 1;
+         }},
+        {"q_out_fp8.data = null", "with a scale set", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.data = nullptr; }},
+        {"q_out.data", "must be q itself", [](Setup& s, rope::KvAppendArgs& a) { a.q_out = s.q_out.view; }},
+        {"q_out_fp8.data", "overlaps q ", [](Setup& s, rope::KvAppendArgs& a) { a.q_out_fp8.data = s.q.storage.data() + 8; }},
+        {"q_out_fp8.data", "overlaps k ", [](Setup& s, rope::KvAppendArgs& a) { a.q_out_fp8.data = s.k.storage.data(); }},
+        {"q_out_fp8.data", "overlaps v ", [](Setup& s, rope::KvAppendArgs& a) { a.q_out_fp8.data = s.v.storage.data(); }},
+        {"q_out_fp8.data", "overlaps k_out",
+         [](Setup& s, rope::KvAppendArgs& a) { a.q_out_fp8.data = s.k_out.storage.data(); }},
+        // The arrays below are made larger than the FP8 output (over a kilobyte), so that it overlaps
+        // them and nothing else of the heap.
+        {"q_out_fp8.data", "overlaps slot_mapping.slots",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.ids.assign(200, 0);
+             std::copy(s.slots.begin(), s.slots.end(), s.ids.begin() + 50);
+             a.slot_mapping.slots = s.ids.data() + 50;
+             a.q_out_fp8.data = s.ids.data();
+         }},
+        {"q_out_fp8.data", "overlaps q_out_fp8.scale",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.q_scales.assign(400, 0.05f);
+             a.q_out_fp8.scale = s.q_scales.data() + 100, a.q_out_fp8.data = s.q_scales.data();
+         }},
+        {"q_out_fp8.data", "overlaps k_cache.scale",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.k_scales.assign(400, 0.5f);
+             a.k_cache.dtype = rope::CacheDType::e4m3fn, a.k_cache.scale = s.k_scales.data() + 4, a.k_cache.scale_count = 1;
+             a.q_out_fp8.data = s.k_scales.data();
+         }},
+        {"q_out_fp8.data", "overlaps v_cache.scale",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.v_scales.assign(400, 0.5f);
+             a.v_cache.dtype = rope::CacheDType::e5m2, a.v_cache.scale = s.v_scales.data() + 15, a.v_cache.scale_count = 1;
+             a.q_out_fp8.data = s.v_scales.data();
+         }},
+        {"q_out_fp8.data", "overlaps cos_sin_cache",
+         [](Setup& s, rope::KvAppendArgs& a) {
+             s.table_rows = 64;
+             s.table = rope::make_cos_sin_cache(s.config, s.table_rows);
+             a.cos_sin_cache = s.cos_sin_cache();
+             a.q_out_fp8.data = s.table.data() + 100;
+         }},
+        {"k_cache.data", "overlaps q_out_fp8 ",
+         [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.data = static_cast<char*>(a.k_cache.data) + 100; }},
+        {"v_cache.data", "overlaps q_out_fp8 ", [](Setup&, rope::KvAppendArgs& a) { a.q_out_fp8.data = a.v_cache.data; }},
+        {"k_cache.data", "overlaps q_out_fp8.scale",  // Valid scales (not the poison) inside the k cache.
+         [](Setup&, rope::KvAppendArgs& a) {
+             const float scales[4] = {0.1f, 0.2f, 0.3f, 0.4f};
+             std::memcpy(static_cast<float*>(a.k_cache.data) + 5, scales, sizeof scales);
+             a.q_out_fp8.scale = static_cast<const float*>(a.k_cache.data) + 5;
+         }},
+    };
+    Shape fp8_shape = shape;
+    fp8_shape.q_fp8 = rope::CacheDType::e4m3fn;
+    fp8_shape.q_fp8_per_head = true;
+    fp8_shape.q_fp8_gap = 8;
+    fp8_shape.scale = 0.05f;
+    for (const BadFp8& bad : fp8_cases) {
         CAPTURE(std::string(bad.parameter));
-        Setup s = make_setup(config_of(32), shape);
+        CAPTURE(std::string(bad.reason));
+        Setup s = make_setup(config_of(32), fp8_shape);
         rope::KvAppendArgs a = s.args();
+        {
+            // The same call, unspoilt, is accepted (on a copy: the poison below stays unwritten).
+            Setup valid = s;
+            CHECK_NOTHROW(rope::append_kv(*backend, valid.config, valid.args()));
+        }
         bad.spoil(s, a);
         const Setup before = s;
-        CHECK_THROWS_WITH_AS(rope::append_kv(*backend, s.config, a), doctest::Contains(bad.parameter), rope::Error);
+        std::string message;
+        try {
+            rope::append_kv(*backend, s.config, a);
+        } catch (const rope::Error& e) {
+            message = e.what();
+        }
+        CAPTURE(message);
+        CHECK(message.find(bad.parameter) != std::string::npos);
+        CHECK(message.find(bad.reason) != std::string::npos);
+        CHECK(s.q_fp8_bytes == before.q_fp8_bytes);
         CHECK(s.cache_bytes == before.cache_bytes);
         CHECK(s.q_out.storage == before.q_out.storage);
         CHECK(s.k_out.storage == before.k_out.storage);
         CHECK(s.q.storage == before.q.storage);
         CHECK(s.k.storage == before.k.storage);
+        CHECK(s.v.storage == before.v.storage);
+        CHECK(s.slots == before.slots);
+        CHECK(s.q_scales.size() == before.q_scales.size());  // Bytes: a NaN scale is no value to compare.
+        CHECK(std::memcmp(s.q_scales.data(), before.q_scales.data(), s.q_scales.size() * 4) == 0);
+        CHECK(s.k_scales == before.k_scales);
+        CHECK(s.table == before.table);
     }
 }
 
@@ -1017,8 +1422,10 @@ TEST_CASE("randomised differential run: append_kv on every available backend vs 
     // precise angles, linear scaling; dtype; tokens, GQA heads, head_dim and v's; pages and page
     // size; cache layout (NHD, HND, packed [K|V], padded pages, MLA) and dtype (model, e4m3fn,
     // e5m2; per-tensor or per-head scales); padding slots and a short slot list; strided q, k,
-    // v; in place or not. Each runs on every available backend through check_append (the oracle,
-    // the cache bytes, the inputs). ROPE_DIFFERENTIAL_CONFIGS sets how many (default 150).
+    // v; in place or not; in a quarter of them an FP8 q output (either format, per-tensor or
+    // per-head scales, dense or with gaps). Each runs on every available backend through
+    // check_append (the oracle, the cache bytes, the inputs, the FP8 q codes).
+    // ROPE_DIFFERENTIAL_CONFIGS sets how many (default 150).
     const char* env = std::getenv("ROPE_DIFFERENTIAL_CONFIGS");
     const long configs = env ? std::min(std::atol(env), 400L) : 150;
     std::mt19937_64 rng(testing::seed() ^ 0xa99e9dULL);
@@ -1045,6 +1452,11 @@ TEST_CASE("randomised differential run: append_kv on every available backend vs 
         shape.padding = pick(0, 3);
         shape.in_place = pick(0, 1) == 1;
         shape.q_pad = pick(0, 1) * pick(1, 5);
+        if (pick(0, 3) == 0) {  // An FP8 q output (q_out is then q).
+            shape.q_fp8 = rope::CacheDType(pick(1, 2));
+            shape.q_fp8_per_head = pick(0, 1) == 1;
+            shape.q_fp8_gap = pick(0, 1) * pick(1, 17);
+        }
         rope::RopeConfig config = config_of(shape.head_dim, 2 * pick(1, shape.head_dim / 2),
                                             pick(0, 1) ? rope::Style::interleaved : rope::Style::half_split);
         const int64_t pairs = config.effective_rotary_dim() / 2;

@@ -153,6 +153,70 @@ int caches_collide(const PagedCache& k_cache, const PagedCache& v_cache, DType m
     return search.run(origin);
 }
 
+// The dequantisation scales of an FP8 target (a cache, or q's FP8 output): one or one per head,
+// float32-aligned, finite and > 0 where rope can read them (host memory).
+void check_scales(std::string_view name, std::string_view what, CacheDType dtype, const float* scale, int64_t count,
+                  int64_t heads, Device device) {
+    const auto field = [&](std::string_view member) { return std::string(name) + "." + std::string(member); };
+    if (scale == nullptr)
+        fail(field("scale"), "null",
+             std::string("an ") + cache_dtype_name(dtype) + " " + std::string(what) + " needs its dequantisation scale(s)");
+    if (count != 1 && count != heads)
+        fail(field("scale_count"), count, "must be 1 (per tensor) or heads = " + std::to_string(heads) + " (per head)");
+    if (reinterpret_cast<uintptr_t>(scale) % 4 != 0)
+        fail(field("scale"), static_cast<const void*>(scale), "must be aligned to 4 bytes (float32)");
+    if (device != Device::host) return;  // Device scales cannot be read without a copy.
+    for (int64_t i = 0; i < count; ++i)
+        if (!std::isfinite(scale[i]) || scale[i] <= 0.0f)
+            fail(field("scale[" + std::to_string(i) + "]"), scale[i], "must be finite and > 0");
+}
+
+// The bytes q's FP8 output spans (checked sizes and strides).
+Extent fp8_output_extent(const Fp8Output& out) {
+    if (out.data == nullptr || out.tokens == 0 || out.heads == 0 || out.head_dim == 0) return {};
+    return extent_of(out.data, (out.tokens - 1) * out.stride_token + (out.heads - 1) * out.stride_head + out.head_dim);
+}
+
+// q's FP8 output on its own: device, format, q's sizes, strides, 64-bit offsets, rows apart, scales.
+void check_fp8_output(const Fp8Output& out, const Geometry& q, int64_t tokens, Device device) {
+    const auto field = [](std::string_view member) { return "q_out_fp8." + std::string(member); };
+    if (out.device != device)
+        fail(field("device"), device_name(out.device), "this backend runs on " + std::string(device_name(device)));
+    if (out.dtype != CacheDType::e4m3fn && out.dtype != CacheDType::e5m2)
+        fail(field("dtype"), out.dtype == CacheDType::model ? std::string("model") : std::to_string(int(out.dtype)),
+             "must be CacheDType::e4m3fn or e5m2 (q in the model's dtype goes to q_out)");
+    if (out.tokens != tokens) fail(field("tokens"), out.tokens, "must equal q's tokens = " + std::to_string(tokens));
+    if (out.heads != q.heads) fail(field("heads"), out.heads, "must equal q heads = " + std::to_string(q.heads));
+    if (out.head_dim != q.head_dim)
+        fail(field("head_dim"), out.head_dim, "must equal q head_dim = " + std::to_string(q.head_dim));
+    if (out.stride_token < 0) fail(field("stride_token"), out.stride_token, "strides must be >= 0");
+    if (out.stride_head < 0) fail(field("stride_head"), out.stride_head, "strides must be >= 0");
+    int64_t last = 0, reach = 0;
+    if (__builtin_mul_overflow(out.tokens - 1, out.stride_token, &last) ||
+        __builtin_mul_overflow(out.heads - 1 < 0 ? 0 : out.heads - 1, out.stride_head, &reach) ||
+        __builtin_add_overflow(last, reach, &last) || __builtin_add_overflow(last, out.head_dim, &last))
+        fail(field("stride_token"), out.stride_token,
+             "with stride_head " + std::to_string(out.stride_head) + ": q_out_fp8's offsets overflow 64 bits");
+    // Two (token, head) rows must not share a byte: one would overwrite the other.
+    WindowSearch self;
+    Wide origin = 0;
+    for (const Term& term : {Term{Wide(out.stride_token), out.tokens, 0}, Term{Wide(out.stride_head), out.heads, 0}}) {
+        self.terms.push_back({term.coefficient, 2 * term.count - 1, term.count - 1});
+        origin -= term.coefficient * (term.count - 1);
+    }
+    self.low = -Wide(out.head_dim);
+    self.high = Wide(out.head_dim);
+    self.exclude_same = true;
+    const int collide = out.head_dim > 0 && out.heads > 0 ? self.run(origin) : 0;
+    if (collide != 0)
+        fail(field("strides"), "[" + std::to_string(out.stride_token) + ", " + std::to_string(out.stride_head) + "]",
+             std::string(collide > 0 ? "make two (token, head) rows share memory"
+                                     : "cannot be shown to keep the (token, head) rows apart") +
+                 " (tokens " + std::to_string(out.tokens) + ", heads " + std::to_string(out.heads) + ", head_dim " +
+                 std::to_string(out.head_dim) + ")");
+    check_scales("q_out_fp8", "output", out.dtype, out.scale, out.scale_count, out.heads, device);
+}
+
 void check_feature_stride(std::string_view name, const TensorView& view) {
     const Geometry g = view.geometry();
     if (view.numel() != 0 && g.head_dim > 1 && g.stride_dim != 1)
@@ -229,18 +293,7 @@ void detail::check_cache(std::string_view name, const PagedCache& cache, const G
                  "must be 0 with a null scale for a model-dtype cache (scales are for FP8 caches)");
         return;
     }
-    if (cache.scale == nullptr)
-        fail(field("scale"), "null",
-             std::string("an ") + cache_dtype_name(cache.dtype) + " cache needs its dequantisation scale(s)");
-    if (cache.scale_count != 1 && cache.scale_count != cache.heads)
-        fail(field("scale_count"), cache.scale_count,
-             "must be 1 (per tensor) or heads = " + std::to_string(cache.heads) + " (per head)");
-    if (reinterpret_cast<uintptr_t>(cache.scale) % 4 != 0)
-        fail(field("scale"), static_cast<const void*>(cache.scale), "must be aligned to 4 bytes (float32)");
-    if (device != Device::host) return;  // Device scales cannot be read without a copy.
-    for (int64_t i = 0; i < cache.scale_count; ++i)
-        if (!std::isfinite(cache.scale[i]) || cache.scale[i] <= 0.0f)
-            fail(field("scale[" + std::to_string(i) + "]"), cache.scale[i], "must be finite and > 0");
+    check_scales(name, "cache", cache.dtype, cache.scale, cache.scale_count, cache.heads, device);
 }
 
 
@@ -342,22 +395,49 @@ KvAppendPlan make_kv_append_plan(const RopeConfig& config, const KvAppendArgs& a
              collide > 0 ? "a row of v_cache shares memory with a row of k_cache"
                          : "v_cache and k_cache overlap in a way rope cannot show to be disjoint "
                            "(their strides do not nest)");
+    const CosSinCache& cs = args.cos_sin_cache;
+    const Extent table =
+        extent_of(cs.data, cs.data == nullptr ? 0 : ((cs.rows - 1) * std::max(cs.row_stride, cs.cols) + cs.cols) * 4);
+    // q's FP8 output replaces q_out, which then stays q (and is not written).
+    const Fp8Output& q_fp8 = args.q_out_fp8;
+    if (q_fp8.data == nullptr && (q_fp8.scale != nullptr || q_fp8.scale_count != 0))
+        fail("q_out_fp8.data", "null", "with a scale set: an FP8 q output needs its memory (or no scale, for q_out)");
+    if (q_fp8.data != nullptr) {
+        check_fp8_output(q_fp8, q, tokens, device);
+        if (args.q.numel() != 0 && (args.q_out.data != args.q.data || args.q_out.geometry().stride_head != q.stride_head ||
+                                    args.q_out.geometry().stride_seq != q.stride_seq))
+            fail("q_out.data", args.q_out.data,
+                 "must be q itself when q_out_fp8 is given: rotated q goes to q_out_fp8 alone, and q is left as it was");
+        const std::array<std::pair<const char*, Extent>, 9> read_or_written{{
+            {"q", extent_of(args.q)},
+            {"k", extent_of(args.k)},
+            {"v", extent_of(args.v)},
+            {"k_out", extent_of(args.k_out)},
+            {"slot_mapping.slots", extent_of(slots.slots, slots.count * 8)},
+            {"k_cache.scale", extent_of(args.k_cache.scale, args.k_cache.scale_count * 4)},
+            {"v_cache.scale", extent_of(args.v_cache.scale, args.v_cache.scale_count * 4)},
+            {"q_out_fp8.scale", extent_of(q_fp8.scale, q_fp8.scale_count * 4)},
+            {"cos_sin_cache", table},
+        }};
+        for (const auto& [other, extent] : read_or_written)
+            if (overlaps(fp8_output_extent(q_fp8), extent))
+                fail("q_out_fp8.data", q_fp8.data,
+                     "overlaps " + std::string(other) + " (q_out_fp8 is written while it is read or written)");
+    }
+
     // The caches must not share memory with anything the call reads or writes elsewhere.
-    const std::array<std::pair<const char*, Extent>, 9> others{{
+    const std::array<std::pair<const char*, Extent>, 11> others{{
         {"q", extent_of(args.q)},
         {"k", extent_of(args.k)},
         {"v", extent_of(args.v)},
         {"q_out", extent_of(args.q_out)},
         {"k_out", extent_of(args.k_out)},
         {"slot_mapping.slots", extent_of(slots.slots, slots.count * 8)},
-        {"cos_sin_cache", extent_of(args.cos_sin_cache.data,
-                                    args.cos_sin_cache.data == nullptr
-                                        ? 0
-                                        : ((args.cos_sin_cache.rows - 1) *
-                                               std::max(args.cos_sin_cache.row_stride, args.cos_sin_cache.cols) +
-                                           args.cos_sin_cache.cols) * 4)},
+        {"cos_sin_cache", table},
         {"k_cache.scale", extent_of(args.k_cache.scale, args.k_cache.scale_count * 4)},
         {"v_cache.scale", extent_of(args.v_cache.scale, args.v_cache.scale_count * 4)},
+        {"q_out_fp8", fp8_output_extent(q_fp8)},
+        {"q_out_fp8.scale", extent_of(q_fp8.scale, q_fp8.scale_count * 4)},
     }};
     for (const auto& [name, cache] : {std::pair<const char*, const PagedCache*>{"k_cache", &args.k_cache},
                                       {"v_cache", &args.v_cache}})
@@ -381,6 +461,9 @@ KvAppendPlan make_kv_append_plan(const RopeConfig& config, const KvAppendArgs& a
         *target = CacheTarget{cache->data,        cache->dtype,       cache->heads,
                               cache->head_dim,    cache->stride_page, cache->stride_slot,
                               cache->stride_head, cache->scale,       cache->scale_count > 1 ? 1 : 0};
+    if (q_fp8.data != nullptr)
+        plan.q_fp8 = CacheTarget{q_fp8.data,        q_fp8.dtype, q_fp8.heads,           q_fp8.head_dim, q_fp8.stride_token,
+                                 0,                 q_fp8.stride_head, q_fp8.scale, q_fp8.scale_count > 1 ? 1 : 0};
     return plan;
 }
 

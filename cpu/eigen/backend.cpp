@@ -205,7 +205,8 @@ private:
     // (fill_token_trig) for all its heads of q and k, its rows rotated by the same row
     // kernels as run(); a cached token's k row is then stored from k_out into the cache
     // (the same bits cpu-naive writes; fp32 rows also hold the float32 value an FP8 cache
-    // is quantised from), its v row from v.
+    // is quantised from), its v row from v. An FP8 q output takes q's rows quantised from
+    // their float32 rotation (rotate_and_quantise_row), and q_out is not written.
     template <typename Storage>
     void append_typed(const KvAppendPlan& kv) {
         const Plan& plan = kv.rope;
@@ -228,10 +229,16 @@ private:
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < tokens; ++t) {
                 fill_token_trig(plan, 0, t, cos.data(), sin.data());
-                for (int64_t h = 0; h < q.in_geometry.heads; ++h)
-                    q_kernel({static_cast<const Storage*>(q.in) + q.in_geometry.offset(0, h, t, 0), q.in_geometry.stride_dim},
-                             {static_cast<Storage*>(q.out) + q.out_geometry.offset(0, h, t, 0), q.out_geometry.stride_dim},
-                             cos.data(), sin.data(), shape);
+                for (int64_t h = 0; h < q.in_geometry.heads; ++h) {
+                    const Storage* const q_in = static_cast<const Storage*>(q.in) + q.in_geometry.offset(0, h, t, 0);
+                    if (kv.quantises_q())  // FP8 q: from the float32 rotation, q_out not written.
+                        rotate_and_quantise_row(plan, kv.q_fp8, kv.q_fp8.row_offset(t, 1, h), h, q_in,
+                                                static_cast<Storage*>(nullptr), cos.data(), sin.data());
+                    else
+                        q_kernel({q_in, q.in_geometry.stride_dim},
+                                 {static_cast<Storage*>(q.out) + q.out_geometry.offset(0, h, t, 0), q.out_geometry.stride_dim},
+                                 cos.data(), sin.data(), shape);
+                }
                 const int64_t slot = kv.slot_of(t);
                 for (int64_t h = 0; h < k.in_geometry.heads; ++h) {
                     const Storage* const k_in = static_cast<const Storage*>(k.in) + k.in_geometry.offset(0, h, t, 0);
@@ -258,9 +265,10 @@ private:
         }
     }
 
-    // One k row of a call with an FP8 k cache and 2-byte storage: each pair rotated in float32
-    // (the shared rotate_pair, by the token's cos/sin), rounded into k_out and quantised from
-    // float32 into the cache row at @p at; pass-through features copied and quantised.
+    // One k row of a call with an FP8 k cache and 2-byte storage, or one q row of an FP8 q
+    // output (out null): each pair rotated in float32 (the shared rotate_pair, by the token's
+    // cos/sin), rounded into out and quantised from float32 into the FP8 row at @p at;
+    // pass-through features copied and quantised.
     template <typename Storage>
     static void rotate_and_quantise_row(const Plan& plan, const CacheTarget& cache, int64_t at, int64_t head,
                                         const Storage* in, Storage* out, const float* cos, const float* sin) {
@@ -268,14 +276,14 @@ private:
             const PairIndex pair = pair_elements(plan.style, plan.rotary_dim, i);
             float x = to_float(in[pair.first]), y = to_float(in[pair.second]);
             rotate_pair(x, y, cos[i], sin[i]);
-            out[pair.first] = from_float<Storage>(x);
-            out[pair.second] = from_float<Storage>(y);
-            store_cache_element(cache, at + pair.first, head, out[pair.first], x);
-            store_cache_element(cache, at + pair.second, head, out[pair.second], y);
+            const Storage x_stored = from_float<Storage>(x), y_stored = from_float<Storage>(y);
+            if (out != nullptr) out[pair.first] = x_stored, out[pair.second] = y_stored;
+            store_cache_element(cache, at + pair.first, head, x_stored, x);
+            store_cache_element(cache, at + pair.second, head, y_stored, y);
         }
         for (int64_t d = plan.rotary_dim; d < plan.head_dim; ++d) {
-            out[d] = in[d];
-            store_cache_element(cache, at + d, head, out[d], to_float(out[d]));
+            if (out != nullptr) out[d] = in[d];
+            store_cache_element(cache, at + d, head, in[d], to_float(in[d]));
         }
     }
 

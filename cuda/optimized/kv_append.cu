@@ -39,7 +39,9 @@
 // dtype, computed by Fp8Quantizer (rope/fp8.hpp): the same codes, with the
 // division by the row's scale set up once per row instead of once per value,
 // which kept a dozen instructions and a slow-path branch beside every element
-// written. The angle is the token's position, never its slot. A
+// written. An FP8 q output in the caches' format takes q's rows the same way,
+// each with its own scale, and q_out is not written; one in another format
+// takes the generic kernel. The angle is the token's position, never its slot. A
 // slot outside [0, slot_limit) writes nothing: padding, or a device slot that
 // validation could not read. All offsets are int64.
 #include <cuda_runtime_api.h>
@@ -114,6 +116,7 @@ struct AppendArgs {
     int64_t slot_limit;          ///< pages * page_size.
     CacheTarget k_cache;
     CacheTarget v_cache;
+    CacheTarget q_fp8;           ///< q's FP8 output, in the caches' format (data null: q goes to q_out).
 };
 
 /// Where token's rows go in each cache: feature 0 of head 0 of its slot, or slot -1 (nothing written).
@@ -152,6 +155,13 @@ __device__ inline Storage* row_out(const AppendArgs<Capacity>& args, int64_t tok
 template <CacheDType kCache>
 __device__ inline float cache_scale(const CacheTarget& cache, int64_t head) {
     return kCache == CacheDType::model ? 1.0f : cache.scale_of(head);
+}
+
+/// Whether q's rotation goes to its FP8 output (only ever in the caches' FP8 format:
+/// append_vector_fits sends other calls to the generic kernel), instead of q_out.
+template <CacheDType kCache, int Capacity>
+__device__ inline bool q_quantised(const AppendArgs<Capacity>& args) {
+    return kCache != CacheDType::model && args.q_fp8.data != nullptr;
 }
 
 /// What quantises a row's values into a cache of type kCache: the Fp8Quantizer of the
@@ -285,7 +295,9 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                             batch[u][0] = load16(in + first_feature);
                             batch[u][1] = load16(in + second_feature);
                             const int64_t head = row_of(u) - args.q_heads;
-                            scale[u] = head >= 0 ? cache_scale<kCache>(args.k_cache, head) : 1.0f;
+                            scale[u] = head >= 0 ? cache_scale<kCache>(args.k_cache, head)
+                                       : q_quantised<kCache>(args) ? cache_scale<kCache>(args.q_fp8, row_of(u))
+                                                                   : 1.0f;
                         }
                     }
                     raw_slot = read_slot(args, token, previous);
@@ -298,6 +310,13 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
                 const int64_t row = row_of(u);
                 float value[2][kWidth];
                 rotate_runs<Storage, kStyle>(batch[u], cos_angle, sin_angle, value);
+                if (row < args.q_heads && q_quantised<kCache>(args)) {  // q_out is not written.
+                    const int64_t q_row = args.q_fp8.row_offset(token, 1, row);
+                    const Quantizer<kCache> quantizer(scale[u]);
+                    store_cache_run<kCache>(args.q_fp8, q_row + first_feature, quantizer, Vector16<Storage>{}, value[0]);
+                    store_cache_run<kCache>(args.q_fp8, q_row + second_feature, quantizer, Vector16<Storage>{}, value[1]);
+                    continue;
+                }
                 const Vector16<Storage> stored[2] = {round_run<Storage>(value[0]), round_run<Storage>(value[1])};
                 Storage* out = row_out<Storage>(args, token, row);
                 store16(out + first_feature, stored[0]);  // q_out, or the live k: always written.
@@ -316,6 +335,12 @@ __device__ inline void rotate_slice(const AppendArgs<Capacity>& args, int64_t to
             for (int u = 0; u < count; ++u) {
                 const int64_t row = row_of(u);
                 const bool is_q = row < args.q_heads;
+                if (is_q && q_quantised<kCache>(args)) {  // Into q's FP8 output only.
+                    const Vector16<Storage> data = load16(row_in<Storage>(args, token, row) + feature);
+                    store_cache_copy<kCache>(args.q_fp8, args.q_fp8.row_offset(token, 1, row) + feature,
+                                             Quantizer<kCache>(cache_scale<kCache>(args.q_fp8, row)), data);
+                    continue;
+                }
                 const bool copy_out = is_q ? args.q.in != args.q.out : args.k.in != args.k.out;
                 const bool cached = !is_q && target.slot >= 0;
                 if (!copy_out && !cached) continue;
@@ -419,12 +444,23 @@ bool cache_runs_aligned(const KvAppendPlan& plan, const CacheTarget& cache) {
     return true;
 }
 
+/// Whether every run of FP8 codes a thread writes into q's FP8 output is aligned for one store.
+template <typename Storage>
+bool q_fp8_runs_aligned(const KvAppendPlan& plan) {
+    const CacheTarget& out = plan.q_fp8;
+    const int64_t run_bytes = Vector16<Storage>::kWidth;
+    return reinterpret_cast<uintptr_t>(out.data) % uintptr_t(run_bytes) == 0 &&
+           (plan.tokens() <= 1 || out.stride_page % run_bytes == 0) &&
+           (out.heads <= 1 || out.stride_head % run_bytes == 0);
+}
+
 /// Whether the 16-byte kernel can run @p plan: whole chunks and runs, every row aligned,
-/// k and v caches of one type.
+/// k and v caches of one type, and an FP8 q output (if any) in that type.
 template <typename Storage>
 bool append_vector_fits(const KvAppendPlan& plan) {
     const Plan& rope = plan.rope;
-    return rope.pairs > 0 && plan.k_cache.dtype == plan.v_cache.dtype && vector_path_fits<Storage>(rope) &&
+    const bool q_fits = !plan.quantises_q() || (plan.q_fp8.dtype == plan.k_cache.dtype && q_fp8_runs_aligned<Storage>(plan));
+    return rope.pairs > 0 && q_fits && plan.k_cache.dtype == plan.v_cache.dtype && vector_path_fits<Storage>(rope) &&
            plan.v_geometry.head_dim % Vector16<Storage>::kWidth == 0 &&
            rows_vectorizable<Storage>(plan.v, plan.v_geometry) && cache_runs_aligned<Storage>(plan, plan.k_cache) &&
            cache_runs_aligned<Storage>(plan, plan.v_cache);
@@ -459,6 +495,7 @@ void launch_append(const KvAppendPlan& plan, const DeviceInfo& device) {
     args.slot_limit = plan.slot_limit;
     args.k_cache = plan.k_cache;
     args.v_cache = plan.v_cache;
+    args.q_fp8 = plan.q_fp8;
 
     // The regime (4.), from how much of the GPU one thread per chunk of every row (v's included)
     // would fill: all of it, kAppendRows a thread (four, or two into FP8 caches); a quarter or more,

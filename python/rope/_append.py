@@ -2,8 +2,9 @@
 
 As rope.apply (``_apply.py``), this file adds only Python's business to the C++
 call (rope._rope.append_kv): the forms of the positions, scales and slot
-mapping, the framework's CUDA stream, NumPy's bfloat16, and FP8 caches held as
-torch.float8 tensors (passed as their uint8 codes, with the format named).
+mapping, the framework's CUDA stream, NumPy's bfloat16, and FP8 caches and FP8
+q outputs held as torch.float8 tensors (passed as their uint8 codes, with the
+format named).
 Everything else is checked by the C++ library, before anything is written.
 """
 
@@ -28,7 +29,8 @@ def append_kv(q: Any, k: Any, v: Any, config: Config, positions: Union[None, int
               k_cache: Any, v_cache: Any, *, page_size: int = 0, kv_layout: str = "nhd",
               cache_dtype: Optional[str] = None, k_scale: Any = None, v_scale: Any = None,
               out: Optional[Tuple[Any, Any]] = None, cos_sin_cache: Any = None, max_position: int = 0,
-              backend: Optional[str] = None, stream: Any = None) -> Tuple[Any, Any]:
+              backend: Optional[str] = None, stream: Any = None, q_scale: Any = None,
+              q_out_dtype: Optional[str] = None) -> Tuple[Any, Any]:
     """Rotates q and k by RoPE and appends the rotated k and the unrotated v to paged caches.
 
     For each token t: q[t] and k[t] are rotated at ``positions[t]`` (in place,
@@ -39,6 +41,12 @@ def append_kv(q: Any, k: Any, v: Any, config: Config, positions: Union[None, int
     is padding: rotated, written to neither cache. The position is the angle
     only, never the slot: after eviction or compaction they differ. Cache
     elements no written slot addresses keep their bytes.
+
+    With an FP8 ``q_out`` (``out=(q_out, k_out)``, q_out a torch.float8 tensor
+    or a uint8 array with ``q_out_dtype``) the rotated q goes there alone, each
+    element quantised from its float32 value as the caches' are (never first
+    rounded to q's dtype), for an attention kernel that reads q in FP8; every
+    token, padding too, gets its row, and q itself is left unchanged.
 
     Args:
         q: queries [tokens, heads, head_dim], float32, float16 or bfloat16 (a
@@ -76,20 +84,35 @@ def append_kv(q: Any, k: Any, v: Any, config: Config, positions: Union[None, int
             must be finite and > 0 (checked here); scales in GPU memory are
             not read by the checks, and one that is not finite and > 0 writes
             NaN codes.
-        out: (q_out, k_out) to rotate into; q and k are then only read.
+        out: (q_out, k_out) to rotate into; q and k are then only read (k_out
+            may be k itself: k rotated in place). q_out is q's shape and dtype,
+            or an FP8 output of the rotated q: [tokens, heads, head_dim] (any
+            strides, the last axis contiguous), a torch.float8_e4m3fn /
+            float8_e5m2 tensor, or a uint8 array (NumPy, PyTorch, CuPy) with
+            ``q_out_dtype``, on q's device; q is then left unchanged.
         cos_sin_cache: a float32 [max_position, rotary_dim] table (see rope.apply).
         max_position: largest position + 1 (dynamic/longrope scaling with ids on a CUDA device).
         backend: as rope.apply's (default: by the arrays' device).
         stream: as rope.apply's.
+        q_scale: an FP8 q_out's float32 dequantisation scales (value ~= fp8 *
+            scale), one for the tensor or one per q head, on q_out's device, or
+            a Python float (checked finite and > 0 here, then made a float32
+            [1] array beside q_out). Codes are round_to_nearest_even(saturate(
+            value / scale)). Required with an FP8 q_out, refused without one.
+        q_out_dtype: "e4m3fn" or "e5m2" for an FP8 q_out held as uint8 (a
+            torch.float8 q_out names its own; a different name is refused).
 
     Returns:
-        (q, k) rotated in place, or ``out``.
+        (q, k) rotated in place, or ``out`` as given (with an FP8 q_out: its
+        codes, and k_out).
 
     Raises:
         rope.Error: (a ValueError) naming the offending argument and its value
             (a slot out of range or used twice, a position past the table, a
-            cache of another dtype, head count or head_dim, overlapping arrays);
-            nothing has been written.
+            cache of another dtype, head count or head_dim, overlapping arrays,
+            an FP8 q_out of another shape or dtype, a q_out_dtype disagreeing
+            with a torch.float8 q_out, a missing or bad q_scale); nothing has
+            been written.
     """
     if not isinstance(config, Config):
         raise _fail("config", type(config).__name__, "must be a rope.Config")
@@ -111,7 +134,12 @@ def append_kv(q: Any, k: Any, v: Any, config: Config, positions: Union[None, int
     v_cache, v_dtype = _cache("v_cache", v_cache, cache_dtype)
     k_scale = _scale("k_scale", k_scale, k_cache)
     v_scale = _scale("v_scale", v_scale, v_cache)
-    arrays = [q, k, q_out, k_out, v, k_cache, v_cache, ids, slots, k_scale, v_scale, cos_sin_cache]
+    if q_out_dtype is not None and q_out_dtype not in ("e4m3fn", "e5m2"):
+        raise _fail("q_out_dtype", repr(q_out_dtype), 'must be "e4m3fn", "e5m2" or None (q\'s dtype)')
+    q_out, q_dtype = _fp8_out(q_out, q_out_dtype)
+    # Where the q_out the C++ side gets is not FP8 (None, or q's dtype), a scale is refused there.
+    q_scale = _scale("q_scale", q_scale, q_out if q_out is not None else q)
+    arrays = [q, k, q_out, k_out, v, k_cache, v_cache, ids, slots, k_scale, v_scale, cos_sin_cache, q_scale]
 
     if stream is not None:
         handle = _stream_handle(stream)
@@ -122,23 +150,36 @@ def append_kv(q: Any, k: Any, v: Any, config: Config, positions: Union[None, int
     for operand in range(7):  # q, k, q_out, k_out, v, k_cache, v_cache: NumPy bfloat16 as its uint16 bits.
         arrays[operand], is_bf16 = _bfloat16_bits(arrays[operand])
         bits |= int(is_bf16) << operand
-    q, k, q_out, k_out, v, k_cache, v_cache, ids, slots, k_scale, v_scale, cos_sin_cache = arrays
+    q, k, q_out, k_out, v, k_cache, v_cache, ids, slots, k_scale, v_scale, cos_sin_cache, q_scale = arrays
     _rope.append_kv(backend or "", config._native, q, k, v, q_out, k_out, offset, ids, slots, k_cache, v_cache,
                     k_scale, v_scale, kv_layout, page_size, k_dtype, v_dtype, cos_sin_cache, max_position, handle,
-                    bits)
+                    bits, q_scale, q_dtype)
     return result
+
+
+def _fp8_out(q_out: Any, q_out_dtype: Optional[str]) -> Tuple[Any, str]:
+    """(q_out as rope reads it, its FP8 format or ""): a torch.float8 tensor as its uint8 codes.
+
+    A uint8 q_out (or any with q_out_dtype named) is taken as FP8 by the C++ side, which checks it."""
+    return _fp8_codes("q_out", q_out, q_out_dtype, "q_out_dtype")
 
 
 def _cache(name: str, cache: Any, cache_dtype: Optional[str]) -> Tuple[Any, str]:
     """(the cache as rope reads it, its format): a torch.float8 tensor as its uint8 codes."""
+    return _fp8_codes(name, cache, cache_dtype, "cache_dtype")
+
+
+def _fp8_codes(name: str, array: Any, named: Optional[str], named_by: str) -> Tuple[Any, str]:
+    """(array as rope reads it, its FP8 format or ""): a torch.float8 tensor becomes its uint8 codes and
+    names its own format, which must agree with ``named`` (the argument ``named_by``) when that is given."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(cache, torch.Tensor):
-        fp8 = _FP8_TORCH.get(str(cache.dtype).replace("torch.", ""))
+    if torch is not None and isinstance(array, torch.Tensor):
+        fp8 = _FP8_TORCH.get(str(array.dtype).replace("torch.", ""))
         if fp8 is not None:
-            if cache_dtype is not None and cache_dtype != fp8:
-                raise _fail("cache_dtype", repr(cache_dtype), f"disagrees with {name}.dtype {cache.dtype}")
-            return cache.view(torch.uint8), fp8
-    return cache, cache_dtype or ""
+            if named is not None and named != fp8:
+                raise _fail(named_by, repr(named), f"disagrees with {name}.dtype {array.dtype}")
+            return array.view(torch.uint8), fp8
+    return array, named or ""
 
 
 def _scale(name: str, scale: Any, cache: Any) -> Any:

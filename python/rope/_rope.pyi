@@ -274,7 +274,7 @@ def apply(backend: str, config: RopeConfig, q: object | None, k: object | None, 
     One rope::apply call on DLPack arrays (all positional; rope.apply is the documented entry point).
     """
 
-def append_kv(backend: str, config: RopeConfig, q: object | None, k: object | None, v: object | None, q_out: object | None, k_out: object | None, offset: int, ids: object | None, slot_mapping: object | None, k_cache: object | None, v_cache: object | None, k_scale: object | None, v_scale: object | None, kv_layout: str, page_size: int, k_cache_dtype: str, v_cache_dtype: str, cos_sin_cache: object | None, max_position: int, stream: int, bfloat16_bits: int) -> None:
+def append_kv(backend: str, config: RopeConfig, q: object | None, k: object | None, v: object | None, q_out: object | None, k_out: object | None, offset: int, ids: object | None, slot_mapping: object | None, k_cache: object | None, v_cache: object | None, k_scale: object | None, v_scale: object | None, kv_layout: str, page_size: int, k_cache_dtype: str, v_cache_dtype: str, cos_sin_cache: object | None, max_position: int, stream: int, bfloat16_bits: int, q_scale: object | None = None, q_out_dtype: str = '') -> None:
     """
     One rope::append_kv call on DLPack arrays (all positional; rope.append_kv is the documented entry point).
     """

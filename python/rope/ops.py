@@ -245,38 +245,53 @@ def rope(q: Tensor, k: Optional[Tensor], config: Config, positions: Any = None, 
 # --- RoPE + paged KV append: torch.ops.rope.append_kv_ -------------------------------------------
 # Defined in C++ (python/torch_ops/kv_append_op.cpp) beside the others; without that library, the
 # same schema registered here over rope._rope.append_kv. Either way it mutates q, k and both caches
-# (declared in the schema) and returns nothing.
+# (declared in the schema) and returns nothing; with q_out (FP8) the rotated q goes there instead
+# (declared too: ``Tensor(a16!)? q_out``) and q is left as it was. q_out, q_scale and q_out_dtype
+# have no defaults: custom_op's version bump indexes every mutated argument, and PyTorch passes a
+# Python kernel its arguments without the trailing ones left at their defaults.
 if _cpp_operator is None:
-    @torch.library.custom_op("rope::append_kv_", mutates_args=("q", "k", "k_cache", "v_cache"))
+    @torch.library.custom_op("rope::append_kv_", mutates_args=("q", "k", "k_cache", "v_cache", "q_out"))
     def _append_kv_in_place(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
                             config: str, offset: int, ids: Optional[Tensor], k_scale: Optional[Tensor],
                             v_scale: Optional[Tensor], cos_sin_cache: Optional[Tensor], kv_layout: str,
-                            cache_dtype: str, backend: str, max_position: int) -> None:
-        from ._append import _cache
+                            cache_dtype: str, backend: str, max_position: int, q_out: Optional[Tensor],
+                            q_scale: Optional[Tensor], q_out_dtype: str) -> None:
+        from ._append import _cache, _fp8_out
         stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
         (k_cache, k_dtype), (v_cache, v_dtype) = (_cache("k_cache", k_cache, cache_dtype or None),
                                                   _cache("v_cache", v_cache, cache_dtype or None))
+        q_dtype = ""
+        if q_out is not None:
+            q_out, q_dtype = _fp8_out(q_out, q_out_dtype or None)
+            if not q_dtype and q_out.dtype != torch.uint8:  # As kv_append_op.cpp: q_out is FP8 only.
+                raise _fail("q_out.dtype", str(q_out.dtype),
+                            "must be torch.float8_e4m3fn or float8_e5m2 (or uint8 with q_out_dtype): the FP8 "
+                            "output of q")
+        elif q_out_dtype:
+            q_dtype = q_out_dtype  # Refused by the C++ side: a format without an FP8 q_out.
         capsules = [None if t is None else torch.utils.dlpack.to_dlpack(t.detach()) for t in (
             q, k, v, k_cache, v_cache, _index("positions", ids), _index("slot_mapping", slot_mapping), k_scale,
-            v_scale, cos_sin_cache)]
-        q, k, v, k_cache, v_cache, ids, slot_mapping, k_scale, v_scale, cos_sin_cache = capsules
-        _rope.append_kv(backend, Config.from_key(config)._native, q, k, v, None, None, offset, ids, slot_mapping,
+            v_scale, cos_sin_cache, q_out, q_scale, None if q_out is None else k)]
+        # With an FP8 q_out, k stays in place: k_out is k.
+        q, k, v, k_cache, v_cache, ids, slot_mapping, k_scale, v_scale, cos_sin_cache, q_out, q_scale, k_out = capsules
+        _rope.append_kv(backend, Config.from_key(config)._native, q, k, v, q_out, k_out, offset, ids, slot_mapping,
                         k_cache, v_cache, k_scale, v_scale, kv_layout, 0, k_dtype, v_dtype, cos_sin_cache,
-                        max_position, stream, 0)
+                        max_position, stream, 0, q_scale, q_dtype)
 
 
 @torch.library.register_fake("rope::append_kv_")
 def _(q, k, v, k_cache, v_cache, slot_mapping, config, offset, ids, k_scale, v_scale, cos_sin_cache, kv_layout,
-      cache_dtype, backend, max_position):
-    return None  # Nothing new: q, k and the caches are changed where they are.
+      cache_dtype, backend, max_position, q_out, q_scale, q_out_dtype):
+    return None  # Nothing new: q (or q_out), k and the caches are changed where they are.
 
 
 def append_kv_(q: Tensor, k: Tensor, v: Tensor, config: Config, positions: Any, slot_mapping: Tensor,
                k_cache: Tensor, v_cache: Tensor, *, kv_layout: str = "nhd", cache_dtype: Optional[str] = None,
                k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None,
                cos_sin_cache: Optional[Tensor] = None, backend: Optional[str] = None,
-               max_position: int = 0) -> Tuple[Tensor, Tensor]:
-    """rope.append_kv as the PyTorch operator torch.ops.rope.append_kv_; returns (q, k).
+               max_position: int = 0, q_out: Optional[Tensor] = None, q_scale: Any = None,
+               q_out_dtype: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+    """rope.append_kv as the PyTorch operator torch.ops.rope.append_kv_; returns (q, k), or (q_out, k).
 
     Rotates q and k in place and writes the rotated k and v into k_cache and
     v_cache at each token's slot (the arguments are rope.append_kv's; scales
@@ -287,6 +302,14 @@ def append_kv_(q: Tensor, k: Tensor, v: Tensor, config: Config, positions: Any, 
     synchronisation and no allocation when positions and slot_mapping are
     int64 and contiguous, so a CUDA graph captures it. Not differentiable. A
     bad argument raises rope.Error before anything is written.
+
+    With ``q_out``, an FP8 tensor [tokens, heads, head_dim] (torch.float8_e4m3fn
+    or float8_e5m2, or uint8 with ``q_out_dtype`` "e4m3fn" / "e5m2"; any
+    strides, the last axis contiguous), the rotated q is written there alone,
+    quantised from float32 as round_to_nearest_even(saturate(value / scale))
+    with ``q_scale`` (float32 dequantisation scales, value ~= fp8 * scale: a
+    tensor [1] or [heads] on q_out's device, or a Python float), for every
+    token, padding too; q is left unchanged (k is still rotated in place).
     """
     if not isinstance(config, Config):
         raise _fail("config", type(config).__name__, "must be a rope.Config")
@@ -297,7 +320,12 @@ def append_kv_(q: Tensor, k: Tensor, v: Tensor, config: Config, positions: Any, 
         slot_mapping = torch.as_tensor(np.asarray(_index("slot_mapping", slot_mapping)), device=q.device)
     if cache_dtype is not None and cache_dtype not in ("e4m3fn", "e5m2"):
         raise _fail("cache_dtype", repr(cache_dtype), 'must be "e4m3fn", "e5m2" or None (the model\'s dtype)')
+    if q_out_dtype is not None and q_out_dtype not in ("e4m3fn", "e5m2"):
+        raise _fail("q_out_dtype", repr(q_out_dtype), 'must be "e4m3fn", "e5m2" or None (the format of a float8 q_out)')
+    if q_scale is not None and not isinstance(q_scale, Tensor):
+        from ._append import _scale
+        q_scale = _scale("q_scale", q_scale, q_out if q_out is not None else q)  # A checked float32 [1] tensor.
     _as_rope_error(torch.ops.rope.append_kv_, q, k, v, k_cache, v_cache, slot_mapping, config.key, offset, ids,
                    k_scale, v_scale, cos_sin_cache, kv_layout, cache_dtype or "", backend or "",
-                   _integer("max_position", max_position))
-    return q, k
+                   _integer("max_position", max_position), q_out, q_scale, q_out_dtype or "")
+    return (q if q_out is None else q_out), k

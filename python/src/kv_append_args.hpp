@@ -8,7 +8,8 @@
 // added here is v, the slot mapping, and the caches: each cache is an array
 // indexed (page, slot in page, head, feature) with any strides (NHD, a permuted
 // HND tensor, one half of a packed [K|V] buffer), or (page, slot, feature) for a
-// single-head cache (the two halves of an MLA buffer).
+// single-head cache (the two halves of an MLA buffer); and the optional FP8 output of the rotated
+// queries (rope::Fp8Output): q_out given as uint8 codes with its format named, q then only read.
 #include <cstdint>
 #include <string_view>
 
@@ -20,13 +21,16 @@ namespace rope_python {
 
 /// The arrays of one append call; null stands for None.
 struct KvAppendArrays {
-    CallArrays rope;  ///< q, k (required), q_out/k_out (both or neither), ids, cos_sin_cache.
+    /// q, k (required), q_out/k_out, ids, cos_sin_cache. q_out is the FP8 output of q when it is uint8
+    /// or KvAppendOptions::q_out_dtype is set (q is then only read; k_out null: k in place).
+    CallArrays rope;
     const Array* v = nullptr;
     const Array* slot_mapping = nullptr;
     const Array* k_cache = nullptr;
     const Array* v_cache = nullptr;
     const Array* k_scale = nullptr;  ///< FP8 k cache: float32 [1] or [heads] dequantisation scales.
     const Array* v_scale = nullptr;
+    const Array* q_scale = nullptr;  ///< FP8 q_out: float32 [1] or [heads] dequantisation scales.
 };
 
 /// The scalar arguments of an append call.
@@ -37,6 +41,7 @@ struct KvAppendOptions {
     std::string_view k_cache_dtype;      ///< "" (the array's dtype), "e4m3fn" or "e5m2" (uint8 arrays).
     std::string_view v_cache_dtype;
     int bfloat16_bits = 0;  ///< Bit 0 v, 1 k_cache, 2 v_cache hold bfloat16 as uint16.
+    std::string_view q_out_dtype;  ///< "" (q_out in q's dtype, or an unnamed uint8: refused), "e4m3fn" or "e5m2".
 };
 
 /// What rope::append_kv needs, checked (stream unset), and the CUDA device of the call (-1 if none).
@@ -54,6 +59,11 @@ rope::CacheDType cache_dtype_named(std::string_view name, std::string_view value
 /// (@p dtype_name "e4m3fn" or "e5m2"). Throws rope::Error naming @p name and the bad field.
 rope::PagedCache paged_cache(const char* name, const Array& array, const KvAppendOptions& options,
                              std::string_view dtype_name, bool bfloat16_bits, rope::DType model);
+
+/// An FP8 q output array [tokens, heads, head_dim] of uint8 codes (the last axis contiguous, any
+/// strides >= 0) as rope::Fp8Output, its format @p dtype_name ("e4m3fn" or "e5m2"; scales unset).
+/// Throws rope::Error naming @p name (its dtype, ndim, strides) or "q_out_dtype".
+rope::Fp8Output fp8_output(const char* name, const Array& array, std::string_view dtype_name);
 
 /// Checks the arrays of one append call and assembles it; throws rope::Error naming the first
 /// bad argument (rope::append_kv checks the rest: slots, overlaps, scales' values).

@@ -104,13 +104,14 @@ void apply(const std::string& backend_name, const rope::RopeConfig& config, nb::
 // --- append_kv ---------------------------------------------------------------------------
 // One rope::append_kv call: q and k rotated (in place, or into q_out and k_out), the rotated k and v
 // written into their caches at the slots of slot_mapping. bfloat16_bits: bit 0 q, 1 k, 2 q_out,
-// 3 k_out, 4 v, 5 k_cache, 6 v_cache hold bfloat16 as uint16.
+// 3 k_out, 4 v, 5 k_cache, 6 v_cache hold bfloat16 as uint16. A uint8 q_out, or any q_out with
+// q_out_dtype named, is the FP8 output of q (rope::Fp8Output, scales q_scale): q is then only read.
 void append_kv(const std::string& backend_name, const rope::RopeConfig& config, nb::handle q, nb::handle k,
                nb::handle v, nb::handle q_out, nb::handle k_out, int64_t offset, nb::handle ids,
                nb::handle slot_mapping, nb::handle k_cache, nb::handle v_cache, nb::handle k_scale,
                nb::handle v_scale, const std::string& kv_layout, int64_t page_size, const std::string& k_cache_dtype,
                const std::string& v_cache_dtype, nb::handle cos_sin_cache, int64_t max_position, uintptr_t stream,
-               int bfloat16_bits) {
+               int bfloat16_bits, nb::handle q_scale, const std::string& q_out_dtype) {
     const bool in_place = q_out.is_none();
     std::optional<InputArray> read[13];
     std::optional<OutputArray> written[13];
@@ -134,6 +135,7 @@ void append_kv(const std::string& backend_name, const rope::RopeConfig& config, 
     call_arrays.k_scale = take(9, "k_scale", k_scale, false);
     call_arrays.v_scale = take(10, "v_scale", v_scale, false);
     call_arrays.rope.cos_sin_cache = take(11, "cos_sin_cache", cos_sin_cache, false);
+    call_arrays.q_scale = take(12, "q_scale", q_scale, false);
     if (call_arrays.slot_mapping == nullptr) rope::fail("slot_mapping", "None", "append_kv needs it");
 
     KvAppendOptions options;
@@ -143,6 +145,7 @@ void append_kv(const std::string& backend_name, const rope::RopeConfig& config, 
     options.k_cache_dtype = k_cache_dtype;
     options.v_cache_dtype = v_cache_dtype;
     options.bfloat16_bits = bfloat16_bits >> 4;
+    options.q_out_dtype = q_out_dtype;
     KvAppendCall call = prepare_kv_append(config, call_arrays, options);
     call.args.stream = reinterpret_cast<void*>(stream);
     CudaDeviceGuard device_guard(call.cuda_device);
@@ -571,7 +574,7 @@ NB_MODULE(_rope, m) {
           "q_out"_a.none(), "k_out"_a.none(), "offset"_a, "ids"_a.none(), "slot_mapping"_a.none(),
           "k_cache"_a.none(), "v_cache"_a.none(), "k_scale"_a.none(), "v_scale"_a.none(), "kv_layout"_a,
           "page_size"_a, "k_cache_dtype"_a, "v_cache_dtype"_a, "cos_sin_cache"_a.none(), "max_position"_a,
-          "stream"_a, "bfloat16_bits"_a,
+          "stream"_a, "bfloat16_bits"_a, "q_scale"_a.none() = nb::none(), "q_out_dtype"_a = "",
           "One rope::append_kv call on DLPack arrays (all positional; rope.append_kv is the documented entry point).");
     m.def("slot_mapping_from_flashinfer_indptr", &rope_python::slot_mapping_from_flashinfer_indptr,
           "append_indptr"_a, "kv_indptr"_a, "kv_indices"_a, "kv_last_page_len"_a, "out"_a, "page_size"_a, "pages"_a,

@@ -5,6 +5,11 @@ rope), the scatter from the definition (token t with slot s >= 0, t < len(slots)
 goes to page s // page_size, row s % page_size), FP8 codes from fp8_oracle.py
 (nearest code, no library cast). Caches are poisoned with NaN (or a byte
 pattern for FP8): a slot no token addresses must keep its poison bits.
+
+An FP8 q output (q_out_fp8) is checked against the codes of the float64 oracle
+rotation: rope quantises its float32 rotation, so where the oracle value lies
+within the float32 tolerance of a rounding boundary either neighbouring code is
+right (fp8_q_matches); everywhere else the code is the reference's.
 """
 
 import numpy as np
@@ -12,7 +17,7 @@ import pytest
 
 import rope
 from conftest import HOST_BACKENDS, numpy_dtype, random_array
-from fp8_oracle import quantize_scaled
+from fp8_oracle import decode, quantize_scaled
 from oracle import TOLERANCE, max_abs, relative_l2, rope as oracle_rope, theta, to_logical
 
 CONFIG = rope.Config(head_dim=64, base=10000.0, style="neox")
@@ -272,6 +277,166 @@ def test_bad_input_named_and_nothing_written(case, message):
     assert np.array_equal(v_cache, v_before, equal_nan=v_cache.dtype != np.uint8)
 
 
+# --- An FP8 output of the rotated q (out=(q_out, k_out), q_out FP8) --------------------------------
+FP8_Q_SCALE = {"e4m3fn": 3.0, "e5m2": 0.002}   # != 1; e5m2's small so its 57344 saturates too
+FP8_LARGEST = {"e4m3fn": 448.0, "e5m2": 57344.0}
+FP8_SATURATED = {"e4m3fn": 0x7E, "e5m2": 0x7B}   # +max's code (the sign bit aside)
+
+
+def fp8_q_inputs(fmt, seed):
+    """q (float32, scaled so that some rotated elements pass largest * scale: saturated), k, v and the float64
+    oracle rotation of q at POSITIONS."""
+    q, k, v, _ = inputs("float32", seed)
+    q *= np.float32(3.0 * FP8_LARGEST[fmt] * FP8_Q_SCALE[fmt])
+    return q, k, v, rotated(q.astype(np.float64), POSITIONS)
+
+
+def fp8_q_scales(fmt, per_head):
+    """float32 scales: one, or one per q head (all != 1)."""
+    base = FP8_Q_SCALE[fmt]
+    return np.array([base * f for f in (0.7, 1.3, 1.0, 0.9)] if per_head else [base], np.float32)
+
+
+def fp8_q_matches(codes, want, scale, fmt):
+    """Whether FP8 ``codes`` [T, H, D] are the codes of the float64 rotation ``want`` with dequantisation
+    ``scale`` ([1] or [H]): each decoded code within [code(want - d), code(want + d)], d the float32 tolerance
+    (TOLERANCE's max_abs, for values of magnitude 1) times the magnitude of the element's rotation pair (an angle
+    error moves an element by the size of its partner), and nearly all codes the nearest one itself."""
+    scale = np.asarray(scale, np.float32).reshape(-1, 1) if np.size(scale) > 1 else np.float32(np.ravel(scale)[0])
+    half = want.shape[-1] // 2
+    partner = np.concatenate([want[..., half:], want[..., :half]], axis=-1)  # neox pairs d with d + D/2
+    delta = TOLERANCE["float32"][1] * (np.abs(want) + np.abs(partner))
+    table = decode(fmt)
+    got = table[np.asarray(codes)]
+    low, high = table[quantize_scaled(want - delta, scale, fmt)], table[quantize_scaled(want + delta, scale, fmt)]
+    exact = np.asarray(codes) == quantize_scaled(want, scale, fmt)
+    return bool(np.all((low <= got) & (got <= high)) and exact.mean() >= 0.98)
+
+
+def check_fp8_q(codes, want, scale, fmt):
+    codes = np.asarray(codes)
+    assert codes.dtype == np.uint8 and codes.shape == want.shape
+    assert fp8_q_matches(codes, want, scale, fmt), fmt
+    assert np.any((codes & 0x7F) == FP8_SATURATED[fmt]), "the saturation was not exercised"
+
+
+def test_fp8_q_check_tells_right_codes_from_wrong():
+    """The check itself: the reference's codes pass; one code off where no boundary is near fails."""
+    want = rotated(random_array((TOKENS, HEADS, DIM), "float32", 140).astype(np.float64), POSITIONS)
+    codes = quantize_scaled(want, 0.01, "e4m3fn")
+    assert fp8_q_matches(codes, want, 0.01, "e4m3fn")
+    wrong = codes.copy()
+    wrong[np.unravel_index(np.argmax(np.abs(want)), want.shape)] ^= 1  # the neighbouring mantissa, far from 0
+    assert not fp8_q_matches(wrong, want, 0.01, "e4m3fn")
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_fp8_q_out_numpy_uint8(backend, fmt, per_head):
+    """NumPy: q_out uint8 with q_out_dtype; every token gets its row (padding and tokens past the slot list
+    too), q is left as it was, k goes to k_out and the caches as without the FP8 output."""
+    q, k, v, want_q = fp8_q_inputs(fmt, 120)
+    q_in, k0 = q.copy(), k.astype(np.float64)
+    q_out = np.full((TOKENS, HEADS, DIM), 0x5A, np.uint8)
+    k_out = np.full_like(k, np.nan)
+    k_cache, v_cache, _, _ = cache_views("nhd", np.float32)
+    slots = permuted_slots(TOKENS, 13)[:5].copy()
+    slots[1] = -1
+    q_scale = fp8_q_scales(fmt, per_head)
+    result = rope.append_kv(q, k, v, CONFIG, POSITIONS, slots, k_cache, v_cache, out=(q_out, k_out),
+                            q_out_dtype=fmt, q_scale=q_scale, backend=backend)
+    assert result[0] is q_out and result[1] is k_out
+    assert np.array_equal(q, q_in)  # q unchanged
+    check_fp8_q(q_out, want_q, q_scale, fmt)
+    want_k = rotated(k0, POSITIONS)
+    assert max_abs(k_out, want_k) <= TOLERANCE["float32"][1]
+    poison = np.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), np.nan)
+    check_cache(k_cache, expected_cache(poison, want_k, slots, TOKENS), "float32", "k_cache")
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+def test_fp8_q_out_python_float_scale_and_k_in_place(backend, fmt):
+    """q_scale a Python float; out=(q_out, k): k rotated in place, FP8 caches beside an FP8 q."""
+    q, k, v, want_q = fp8_q_inputs(fmt, 125)
+    q_in, k0 = q.copy(), k.astype(np.float64)
+    q_out = np.zeros((TOKENS, HEADS, DIM), np.uint8)
+    k_cache = np.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), 0x5A, np.uint8)
+    v_cache = k_cache.copy()
+    slots = permuted_slots(TOKENS, 14)
+    rope.append_kv(q, k, v, CONFIG, POSITIONS, slots, k_cache, v_cache, cache_dtype=fmt, k_scale=0.01,
+                   v_scale=0.02, out=(q_out, k), q_out_dtype=fmt, q_scale=FP8_Q_SCALE[fmt] * 1.5, backend=backend)
+    assert np.array_equal(q, q_in)
+    check_fp8_q(q_out, want_q, FP8_Q_SCALE[fmt] * 1.5, fmt)
+    assert max_abs(k, rotated(k0, POSITIONS)) <= TOLERANCE["float32"][1]  # k in place
+    for t, s in enumerate(slots):
+        assert np.array_equal(k_cache[s // PAGE_SIZE, s % PAGE_SIZE], quantize_scaled(k[t], 0.01, fmt))
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_fp8_q_out_strided_slice_keeps_the_other_bytes(backend):
+    """q_out a slice of a bigger buffer (token and head strides not dense): only its elements are written."""
+    fmt, poison = "e4m3fn", 0xA5
+    q, k, v, want_q = fp8_q_inputs(fmt, 130)
+    buffer = np.full((TOKENS, HEADS + 1, 2 * DIM), poison, np.uint8)
+    q_out = buffer[:, 1:, DIM:]
+    assert q_out.strides == ((HEADS + 1) * 2 * DIM, 2 * DIM, 1)
+    k_cache, v_cache, _, _ = cache_views("hnd", np.float32)
+    q_scale = fp8_q_scales(fmt, True)
+    rope.append_kv(q, k, v, CONFIG, POSITIONS, permuted_slots(TOKENS, 15), k_cache, v_cache, kv_layout="hnd",
+                   out=(q_out, np.empty_like(k)), q_out_dtype=fmt, q_scale=q_scale, backend=backend)
+    check_fp8_q(q_out, want_q, q_scale, fmt)
+    untouched = np.ones(buffer.shape, bool)
+    untouched[:, 1:, DIM:] = False
+    assert np.all(buffer[untouched] == poison)
+
+
+@pytest.mark.parametrize("case, message", [
+    (dict(q_out="shape"), "q_out.shape"),
+    (dict(q_out="ndim"), "q_out.ndim"),
+    (dict(q_out="float16"), "q_out.dtype"),
+    (dict(q_out="uint8", q_out_dtype=None), "q_out.dtype = uint8: is an FP8 q_out only with its format named"),
+    (dict(q_out_dtype="e3m4"), "q_out_dtype"),
+    (dict(q_scale=None), "q_scale = None"),
+    (dict(q_scale=float("nan")), "q_scale = nan: must be finite and > 0"),
+    (dict(q_scale=float("inf")), "q_scale = inf"),
+    (dict(q_scale=0.0), "q_scale = 0.0"),
+    (dict(q_scale=1e39), "q_scale = 1e.39"),
+    (dict(q_scale=np.array([1.0], np.float64)), "q_scale.dtype"),
+    (dict(q_scale=np.array([1.0, np.nan, 1.0, 1.0], np.float32)), r"q_out_fp8.scale\[1\] = nan"),
+    (dict(q_scale=np.ones(3, np.float32)), "q_out_fp8.scale_count = 3"),
+    (dict(q_out="overlapping"), "q_out_fp8.strides"),
+    (dict(q_out="none", q_scale=1.0, q_out_dtype=None), "q_scale = set: is read only with an FP8 q_out"),
+    (dict(q_out="float32", q_scale=1.0, q_out_dtype=None), "q_scale = set: is read only with an FP8 q_out"),
+    (dict(q_out="none", q_scale=None), "q_out_dtype = e4m3fn: names the format of an FP8 q_out"),
+])
+def test_fp8_q_out_bad_input_named_and_nothing_written(case, message):
+    q, k, v, _ = inputs("float32", 150)
+    q_in, k_in = q.copy(), k.copy()
+    k_cache, v_cache, _, _ = cache_views("nhd", np.float32)
+    kind = case.pop("q_out", "good")
+    q_out = {"good": np.full((TOKENS, HEADS, DIM), 0x5A, np.uint8),
+             "shape": np.full((TOKENS, HEADS - 1, DIM), 0x5A, np.uint8),
+             "ndim": np.full((TOKENS, HEADS * DIM), 0x5A, np.uint8),
+             "float16": np.zeros((TOKENS, HEADS, DIM), np.float16),
+             "float32": np.zeros((TOKENS, HEADS, DIM), np.float32),
+             "uint8": np.full((TOKENS, HEADS, DIM), 0x5A, np.uint8),
+             "overlapping": np.lib.stride_tricks.as_strided(np.full(TOKENS * DIM, 0x5A, np.uint8),
+                                                            (TOKENS, HEADS, DIM), (DIM, 0, 1)),
+             "none": None}[kind]
+    arguments = dict(q_scale=np.float32(2.0), q_out_dtype="e4m3fn")
+    arguments.update(case)
+    out = None if q_out is None else (q_out, np.full_like(k, np.nan))
+    before = None if q_out is None else q_out.copy()
+    with pytest.raises(rope.Error, match=message):
+        rope.append_kv(q, k, v, CONFIG, POSITIONS, [0, 1], k_cache, v_cache, out=out, **arguments)
+    assert np.array_equal(q, q_in) and np.array_equal(k, k_in)
+    assert np.isnan(k_cache).all() and np.isnan(v_cache).all()
+    if q_out is not None:
+        assert np.array_equal(q_out, before) and np.isnan(out[1]).all()
+
+
 # --- The PyTorch operator ------------------------------------------------------------------------
 torch = pytest.importorskip("torch", reason="torch.ops.rope.append_kv_ needs PyTorch")
 
@@ -305,7 +470,7 @@ def test_operator_opcheck():
     q, k, v = torch_inputs(75)
     k_cache = torch.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), float("nan"))
     arguments = (q, k, v, k_cache, k_cache.clone(), torch.from_numpy(permuted_slots(TOKENS, 11)), CONFIG.key, 0,
-                 torch.from_numpy(POSITIONS), None, None, None, "nhd", "", "", 0)
+                 torch.from_numpy(POSITIONS), None, None, None, "nhd", "", "", 0, None, None, "")
     torch.library.opcheck(torch.ops.rope.append_kv_.default, arguments,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
@@ -357,6 +522,146 @@ def test_operator_bad_input_is_rope_error():
     with pytest.raises(rope.Error, match="v_cache"):
         rope.ops.append_kv_(q, k, v, CONFIG, 0, torch.tensor([0, 1]), k_cache, k_cache[:, :, :1])
     assert torch.isnan(k_cache).all()
+
+
+FP8_TORCH = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+
+
+def fp8_q_torch_inputs(fmt, seed, device="cpu"):
+    q, k, v, want_q = fp8_q_inputs(fmt, seed)
+    return tuple(torch.from_numpy(x).to(device) for x in (q, k, v)) + (want_q,)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_fp8_q_out_torch_float8(fmt, per_head):
+    """rope.append_kv with a torch.float8 q_out (its format from its dtype; q_out_dtype naming the same is
+    accepted): out is returned as given."""
+    q, k, v, want_q = fp8_q_torch_inputs(fmt, 160)
+    q_in = q.clone()
+    q_out = torch.zeros(TOKENS, HEADS, DIM, dtype=getattr(torch, FP8_TORCH[fmt]))
+    k_out = torch.full_like(k, float("nan"))
+    q_scale = torch.from_numpy(fp8_q_scales(fmt, per_head))
+    k_cache, v_cache = (torch.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), float("nan")) for _ in range(2))
+    result = rope.append_kv(q, k, v, CONFIG, torch.from_numpy(POSITIONS), torch.from_numpy(permuted_slots(6, 16)),
+                            k_cache, v_cache, out=(q_out, k_out), q_scale=q_scale,
+                            q_out_dtype=fmt if per_head else None)
+    assert result[0] is q_out and result[1] is k_out
+    assert torch.equal(q, q_in)
+    check_fp8_q(q_out.view(torch.uint8).numpy(), want_q, q_scale.numpy(), fmt)
+
+
+def test_fp8_q_out_dtype_disagreeing_with_float8_tensor():
+    q, k, v, _ = fp8_q_torch_inputs("e4m3fn", 165)
+    q_out = torch.zeros(TOKENS, HEADS, DIM, dtype=torch.float8_e4m3fn)
+    k_cache, v_cache = (torch.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), float("nan")) for _ in range(2))
+    with pytest.raises(rope.Error, match="q_out_dtype = 'e5m2': disagrees with q_out.dtype torch.float8_e4m3fn"):
+        rope.append_kv(q, k, v, CONFIG, 0, [0, 1], k_cache, v_cache, out=(q_out, torch.empty_like(k)), q_scale=1.0,
+                       q_out_dtype="e5m2")
+    assert (q_out.view(torch.uint8) == 0).all() and torch.isnan(k_cache).all()
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("holder", ["float8", "uint8"])
+def test_operator_fp8_q_out(fmt, holder):
+    """rope.ops.append_kv_ with q_out: returns (q_out, k); q unchanged (its version may move: the schema
+    declares q written), k rotated in place, q_out's version moved; a uint8 q_out with q_out_dtype alike."""
+    import rope.ops
+    q, k, v, want_q = fp8_q_torch_inputs(fmt, 170)
+    q_in, k0 = q.clone(), k.numpy().astype(np.float64)
+    dtype = getattr(torch, FP8_TORCH[fmt]) if holder == "float8" else torch.uint8
+    q_out = torch.zeros(TOKENS, HEADS, DIM, dtype=dtype)
+    k_cache, v_cache = (torch.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), float("nan")) for _ in range(2))
+    q_scale = torch.from_numpy(fp8_q_scales(fmt, True))
+    version = q_out._version
+    result = rope.ops.append_kv_(q, k, v, CONFIG, torch.from_numpy(POSITIONS), torch.from_numpy(permuted_slots(7, 17)),
+                                 k_cache, v_cache, q_out=q_out, q_scale=q_scale,
+                                 q_out_dtype=fmt if holder == "uint8" else None)
+    assert result[0] is q_out and result[1] is k
+    assert torch.equal(q, q_in) and q_out._version > version
+    check_fp8_q(q_out.view(torch.uint8).numpy(), want_q, q_scale.numpy(), fmt)
+    assert max_abs(k.numpy(), rotated(k0, POSITIONS)) <= TOLERANCE["float32"][1]
+
+
+def test_operator_fp8_q_out_python_float_scale():
+    import rope.ops
+    q, k, v, want_q = fp8_q_torch_inputs("e4m3fn", 175)
+    q_out = torch.zeros(TOKENS, HEADS, DIM, dtype=torch.float8_e4m3fn)
+    k_cache, v_cache = (torch.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), float("nan")) for _ in range(2))
+    rope.ops.append_kv_(q, k, v, CONFIG, torch.from_numpy(POSITIONS), torch.arange(TOKENS), k_cache, v_cache,
+                        q_out=q_out, q_scale=4.5)
+    check_fp8_q(q_out.view(torch.uint8).numpy(), want_q, 4.5, "e4m3fn")
+
+
+@pytest.mark.parametrize("holder", ["float8", "uint8"])
+def test_operator_fp8_q_out_opcheck(holder):
+    """PyTorch's check of the operator with the optional mutated q_out (Tensor(a16!)?) and q_scale. Its schema
+    check compares tensors with arithmetic PyTorch lacks for float8 on the CPU: run on the uint8 form."""
+    import rope.ops
+    q, k, v, _ = fp8_q_torch_inputs("e4m3fn", 180)
+    k_cache = torch.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), float("nan"))
+    q_out = torch.zeros(TOKENS, HEADS, DIM, dtype=torch.float8_e4m3fn if holder == "float8" else torch.uint8)
+    arguments = (q, k, v, k_cache, k_cache.clone(), torch.from_numpy(permuted_slots(TOKENS, 18)), CONFIG.key, 0,
+                 torch.from_numpy(POSITIONS), None, None, None, "nhd", "", "", 0, q_out, torch.tensor([3.0]),
+                 "" if holder == "float8" else "e4m3fn")
+    checks = ("test_faketensor", "test_aot_dispatch_dynamic") + (("test_schema",) if holder == "uint8" else ())
+    torch.library.opcheck(torch.ops.rope.append_kv_.default, arguments, test_utils=checks)
+
+
+def test_operator_fp8_q_out_compiles_without_graph_break():
+    import rope.ops
+    q, k, v, _ = fp8_q_torch_inputs("e4m3fn", 185)
+    positions = torch.from_numpy(POSITIONS)
+    slots = torch.from_numpy(permuted_slots(TOKENS, 19))
+    q_scale = torch.tensor([2.0, 3.0, 4.0, 5.0])
+
+    def step(q, k, v, k_cache, v_cache, q_out):
+        q = q * 2.0  # work on both sides of the call: the write to q_out must be ordered between them
+        q8, k = rope.ops.append_kv_(q, k, v, CONFIG, positions, slots, k_cache, v_cache, q_out=q_out,
+                                    q_scale=q_scale)
+        return q8.view(torch.uint8).to(torch.int32) + 1, q + 1.0, k * 3.0
+
+    def fresh():
+        cache = torch.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), float("nan"))
+        return [q.clone(), k.clone(), v, cache, cache.clone(), torch.zeros(TOKENS, HEADS, DIM, dtype=torch.float8_e4m3fn)]
+
+    eager_args, compiled_args = fresh(), fresh()
+    want = step(*eager_args)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True)(*compiled_args)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert torch.equal(eager_args[5].view(torch.uint8), compiled_args[5].view(torch.uint8))
+    assert torch.equal(eager_args[0], compiled_args[0])  # q itself left as it was by both
+
+
+@pytest.mark.parametrize("case, message", [
+    (dict(q_out="float32"), "q_out.dtype = torch.float32: must be torch.float8_e4m3fn or float8_e5m2"),
+    (dict(q_out="uint8"), "q_out.dtype = uint8: is an FP8 q_out only with its format named"),
+    (dict(q_out_dtype="e5m2"), "q_out_dtype = 'e5m2': disagrees with q_out.dtype torch.float8_e4m3fn"),
+    (dict(q_scale=None), "q_scale = None"),
+    (dict(q_scale=float("nan")), "q_scale = nan"),
+    (dict(q_out="none", q_scale=torch.tensor([1.0])), "q_scale = set"),
+    (dict(q_out="shape"), "q_out.shape"),
+])
+def test_operator_fp8_q_out_bad_input(case, message):
+    import rope.ops
+    q, k, v = torch_inputs(190)
+    q_in, k_in = q.clone(), k.clone()
+    k_cache = torch.full((PAGES, PAGE_SIZE, KV_HEADS, DIM), float("nan"))
+    v_cache = k_cache.clone()
+    kind = case.pop("q_out", "float8")
+    q_out = {"float8": torch.zeros(TOKENS, HEADS, DIM, dtype=torch.float8_e4m3fn),
+             "float32": torch.zeros(TOKENS, HEADS, DIM),
+             "uint8": torch.zeros(TOKENS, HEADS, DIM, dtype=torch.uint8),
+             "shape": torch.zeros(TOKENS - 1, HEADS, DIM, dtype=torch.float8_e4m3fn),
+             "none": None}[kind]
+    arguments = dict(q_out=q_out, q_scale=torch.tensor([1.0]))
+    arguments.update(case)
+    with pytest.raises(rope.Error, match=message):
+        rope.ops.append_kv_(q, k, v, CONFIG, 0, torch.tensor([0, 1]), k_cache, v_cache, **arguments)
+    assert torch.equal(q, q_in) and torch.equal(k, k_in) and torch.isnan(k_cache).all()
+    if q_out is not None:
+        assert (q_out.view(torch.uint8) == 0).all()
 
 
 # --- CUDA: captured in a CUDA graph -------------------------------------------------------------------
@@ -429,3 +734,45 @@ def test_cuda_append_against_reference(backend, fp8):
     written[slots[slots >= 0]] = True
     untouched = k_cache.reshape(PAGES * PAGE_SIZE, -1)[torch.from_numpy(~written)]
     assert (untouched.view(torch.uint8) == 0x7F).all() if fp8 else torch.isnan(untouched).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not any(
+    b.device == "cuda" and b.available for b in rope.list_backends()),
+    reason="no CUDA device or no CUDA backend here: the FP8 q output on CUDA tensors is not run")
+@pytest.mark.parametrize("backend", [b.name for b in rope.list_backends() if b.device == "cuda"])
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("cache_fp8", [False, True])
+def test_cuda_fp8_q_out_against_reference(backend, fmt, cache_fp8):
+    """rope.append_kv on CUDA tensors with a float8 q_out, a slice of a poisoned buffer, per-head scales on the
+    device (FP8 caches of the same format take cuda-optimized's own kernel; model-dtype caches the generic one):
+    codes against the oracle, q unchanged, the buffer's other bytes kept; rope.ops.append_kv_ alike."""
+    import rope.ops
+    q, k, v, want_q = fp8_q_torch_inputs(fmt, 200, "cuda")
+    q_in = q.clone()
+    dtype = getattr(torch, FP8_TORCH[fmt])
+    buffer = torch.full((TOKENS, HEADS + 1, 2 * DIM), 0xA5, dtype=torch.uint8, device="cuda")
+    q_out = buffer.view(dtype)[:, 1:, DIM:]
+    q_scale = torch.from_numpy(fp8_q_scales(fmt, True)).cuda()
+    cache_dtype = dtype if cache_fp8 else torch.float32
+    k_cache, v_cache = (torch.zeros((PAGES, PAGE_SIZE, KV_HEADS, DIM), device="cuda").to(cache_dtype)
+                        for _ in range(2))
+    scales = dict(k_scale=torch.tensor([0.01], device="cuda"), v_scale=torch.tensor([0.02], device="cuda")) \
+        if cache_fp8 else {}
+    slots = torch.from_numpy(permuted_slots(5, 20)).cuda()
+    positions = torch.from_numpy(POSITIONS).cuda()
+    rope.append_kv(q, k, v, CONFIG, positions, slots, k_cache, v_cache, out=(q_out, k), q_scale=q_scale,
+                   backend=backend, **scales)
+    torch.cuda.synchronize()
+    assert torch.equal(q, q_in)
+    check_fp8_q(q_out.view(torch.uint8).cpu().numpy(), want_q, q_scale.cpu().numpy(), fmt)
+    untouched = torch.ones(buffer.shape, dtype=torch.bool)
+    untouched[:, 1:, DIM:] = False
+    assert (buffer.cpu()[untouched] == 0xA5).all()
+    if backend == "cuda-optimized":  # The operator picks the device's default backend.
+        q_out2 = torch.zeros(TOKENS, HEADS, DIM, dtype=dtype, device="cuda")
+        q, k, v, _ = fp8_q_torch_inputs(fmt, 200, "cuda")
+        rope.ops.append_kv_(q, k, v, CONFIG, positions, slots, k_cache, v_cache, q_out=q_out2, q_scale=q_scale,
+                            **scales)
+        torch.cuda.synchronize()
+        check_fp8_q(q_out2.view(torch.uint8).cpu().numpy(), want_q, q_scale.cpu().numpy(), fmt)

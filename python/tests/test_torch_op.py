@@ -456,7 +456,8 @@ def test_eager_functional_rope_is_the_operator_without_the_dispatcher():
 
 def test_python_operator_still_works_where_the_library_is_not_used():
     # ROPE_PYTHON_OPERATOR=1 registers rope::apply_ with custom_op, as on a build without the
-    # library: same schema, same results, opcheck passes.
+    # library: same schema, same results, opcheck passes. rope::append_kv_'s schema (its optional
+    # FP8 q_out declared written, Tensor(a16!)?) is the C++ one too.
     code = textwrap.dedent("""
         import torch, rope
         from rope import ops
@@ -471,9 +472,12 @@ def test_python_operator_still_works_where_the_library_is_not_used():
         assert torch.equal(q, want_q) and torch.equal(k, want_k)
         print(torch.ops.rope.apply_.default._schema)
         print(torch.ops.rope.apply.default._schema)
+        print(torch.ops.rope.append_kv_.default._schema)
     """)
     environment = {**os.environ, "ROPE_PYTHON_OPERATOR": "1"}
     result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split("\n")[:2] == [str(torch.ops.rope.apply_.default._schema),
-                                              str(torch.ops.rope.apply.default._schema)]
+    assert result.stdout.split("\n")[:3] == [str(torch.ops.rope.apply_.default._schema),
+                                              str(torch.ops.rope.apply.default._schema),
+                                              str(torch.ops.rope.append_kv_.default._schema)]
+    assert "Tensor(a16!)? q_out, Tensor? q_scale, str q_out_dtype)" in str(torch.ops.rope.append_kv_.default._schema)

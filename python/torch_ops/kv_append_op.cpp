@@ -1,11 +1,18 @@
 // torch.ops.rope.append_kv_: RoPE fused with the paged KV-cache append, as a PyTorch operator.
 //
-//   rope::append_kv_(Tensor(a0!) q, Tensor(a1!) k, Tensor v, Tensor(a2!) k_cache, Tensor(a3!) v_cache,
-//                    Tensor slot_mapping, ...) -> ()
+//   rope::append_kv_(Tensor(a0!) q, Tensor(a1!) k, Tensor v, Tensor(a3!) k_cache, Tensor(a4!) v_cache,
+//                    Tensor slot_mapping, ..., Tensor(a16!)? q_out, Tensor? q_scale, str q_out_dtype) -> ()
 //
 // q and k are rotated in place and the rotated k and v written into the caches: the schema
 // declares all four mutations, so torch.compile orders the call against every other use of
-// them (rope/ops.py registers its fake implementation, which returns nothing). The kernel
+// them (rope/ops.py registers its fake implementation, which returns nothing). With q_out (an
+// FP8 tensor: torch.float8_e4m3fn / float8_e5m2, or uint8 with q_out_dtype named) the rotated q
+// is written there alone, quantised with the dequantisation scales q_scale, and q is left as it
+// was (still declared written: one schema for both forms). q_out, q_scale and q_out_dtype have no
+// defaults: PyTorch hands a Python kernel its arguments without the trailing ones left at their
+// defaults, and the version bump of rope/ops.py's registration (torch.library.custom_op) then
+// finds no q_out to index. The alias sets are named by argument index, as custom_op names them,
+// so both registrations print the same schema. The kernel
 // checks the tensors with the code rope.append_kv's arrays go through
 // (python/src/kv_append_args.hpp) and makes one rope::append_kv call. On CUDA it runs on
 // PyTorch's current stream with no host synchronisation and no allocation (given int64,
@@ -50,11 +57,15 @@ void append_kv_in_place(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         int64_t offset, const std::optional<at::Tensor>& ids,
                         const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                         const std::optional<at::Tensor>& cos_sin_cache, c10::string_view kv_layout,
-                        c10::string_view cache_dtype, c10::string_view backend, int64_t max_position) {
+                        c10::string_view cache_dtype, c10::string_view backend, int64_t max_position,
+                        const std::optional<at::Tensor>& q_out, const std::optional<at::Tensor>& q_scale,
+                        c10::string_view q_out_dtype) {
     raising_value_error([&] {
+        const at::Tensor* q_fp8 = borrow(q_out);
         if (!c10::InferenceMode::is_enabled())
-            for (const auto& [name, tensor] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"k_cache", &k_cache},
-                                               std::pair{"v_cache", &v_cache}})
+            for (const auto& [name, tensor] :
+                 {std::pair{q_fp8 ? "q_out" : "q", q_fp8 ? q_fp8 : &q}, std::pair{"k", &k},
+                  std::pair{"k_cache", &k_cache}, std::pair{"v_cache", &v_cache}})
                 if (tensor->is_inference())
                     rope::fail(name, "an inference tensor",
                                "is written in place outside torch.inference_mode(), which PyTorch does not allow: "
@@ -64,10 +75,10 @@ void append_kv_in_place(const at::Tensor& q, const at::Tensor& k, const at::Tens
         const at::Tensor* id_tensor = index_tensor("positions", borrow(ids), converted[0]);
         const at::Tensor* slots = index_tensor("slot_mapping", &slot_mapping, converted[1]);
 
-        rope_python::Array arrays[10];
-        std::string_view k_fp8, v_fp8;
+        rope_python::Array arrays[12];
+        std::string_view k_fp8, v_fp8, q_fp8_dtype;
         rope_python::KvAppendArrays call_arrays;
-        arrays[0] = array_of("q", q, true);
+        arrays[0] = array_of("q", q, q_fp8 == nullptr);  // With an FP8 q_out, q is only read.
         arrays[1] = array_of("k", k, true);
         arrays[2] = array_of("v", v, false);
         arrays[3] = array_of("k_cache", k_cache, true, &k_fp8);
@@ -84,6 +95,8 @@ void append_kv_in_place(const at::Tensor& q, const at::Tensor& k, const at::Tens
         if (borrow(v_scale)) call_arrays.v_scale = &(arrays[8] = array_of("v_scale", *v_scale, false));
         if (borrow(cos_sin_cache))
             call_arrays.rope.cos_sin_cache = &(arrays[9] = array_of("cos_sin_cache", *cos_sin_cache, false));
+        if (q_fp8) call_arrays.rope.q_out = &(arrays[10] = array_of("q_out", *q_fp8, true, &q_fp8_dtype));
+        if (borrow(q_scale)) call_arrays.q_scale = &(arrays[11] = array_of("q_scale", *q_scale, false));
 
         rope_python::KvAppendOptions options;
         options.rope.backend = view(backend);
@@ -98,6 +111,17 @@ void append_kv_in_place(const at::Tensor& q, const at::Tensor& k, const at::Tens
                 rope::fail("cache_dtype", std::string(named), "disagrees with the cache's float8 dtype");
             *field = fp8.empty() ? named : fp8;
         }
+        // q_out is FP8 only: a float8 tensor names its format, a uint8 one takes q_out_dtype's.
+        const std::string_view q_named = view(q_out_dtype);
+        if (!q_fp8_dtype.empty() && !q_named.empty() &&
+            rope_python::cache_dtype_named("q_out_dtype", q_named) !=
+                rope_python::cache_dtype_named("q_out_dtype", q_fp8_dtype))
+            rope::fail("q_out_dtype", "'" + std::string(q_named) + "'",
+                       "disagrees with q_out.dtype torch.float8_" + std::string(q_fp8_dtype));
+        if (q_fp8 && q_fp8_dtype.empty() && q_named.empty() && q_fp8->scalar_type() != at::kByte)
+            rope::fail("q_out.dtype", "torch." + c10::getDtypeNames(q_fp8->scalar_type()).first,
+                       "must be torch.float8_e4m3fn or float8_e5m2 (or uint8 with q_out_dtype): the FP8 output of q");
+        options.q_out_dtype = q_fp8_dtype.empty() ? q_named : q_fp8_dtype;
         rope_python::KvAppendCall call = rope_python::prepare_kv_append(config, call_arrays, options);
         run(call, config);
     });
@@ -109,13 +133,14 @@ void below_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
     op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }
 
-// Every argument the schema marks written (q, k, k_cache, v_cache) changed in place: its version moves.
+// Every argument the schema marks written (q, k, k_cache, v_cache, q_out when given) changed in place:
+// its version moves.
 void bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     const auto& arguments = op.schema().arguments();
     const size_t first = stack->size() - arguments.size();
     std::vector<at::Tensor> written;
     for (size_t i = 0; i < arguments.size(); ++i)
-        if (arguments[i].alias_info() && arguments[i].alias_info()->isWrite())
+        if (arguments[i].alias_info() && arguments[i].alias_info()->isWrite() && (*stack)[first + i].isTensor())
             written.push_back((*stack)[first + i].toTensor());
     {
         at::AutoDispatchBelowADInplaceOrView guard;
@@ -131,9 +156,10 @@ void bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torc
 
 TORCH_LIBRARY_FRAGMENT(rope, m) {
     m.set_python_module("rope.ops");  // Where the fake implementation lives (torch.compile needs it).
-    m.def("append_kv_(Tensor(a0!) q, Tensor(a1!) k, Tensor v, Tensor(a2!) k_cache, Tensor(a3!) v_cache, "
+    m.def("append_kv_(Tensor(a0!) q, Tensor(a1!) k, Tensor v, Tensor(a3!) k_cache, Tensor(a4!) v_cache, "
           "Tensor slot_mapping, str config, SymInt offset, Tensor? ids, Tensor? k_scale, Tensor? v_scale, "
-          "Tensor? cos_sin_cache, str kv_layout, str cache_dtype, str backend, SymInt max_position) -> ()",
+          "Tensor? cos_sin_cache, str kv_layout, str cache_dtype, str backend, SymInt max_position, "
+          "Tensor(a16!)? q_out, Tensor? q_scale, str q_out_dtype) -> ()",
           {at::Tag::pt2_compliant_tag});
 }
 

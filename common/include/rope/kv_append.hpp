@@ -145,6 +145,56 @@ inline MlaCache mla_cache(void* data, DType model_dtype, Device device, int64_t 
     return MlaCache{rope, latent};
 }
 
+/// @brief An FP8 tensor `[tokens, heads, head_dim]` described by strides, with its
+/// dequantisation scales: append_kv's optional FP8 output of the rotated queries.
+///
+/// An engine whose attention reads q in FP8 (FlashInfer's FP8 prefill and
+/// decode kernels, vLLM's FP8 attention backends) would otherwise round the
+/// rotated q to the model's dtype, write it, read it back and quantise it in a
+/// second kernel. With this output the call writes each rotated q element once,
+/// as `round_to_nearest_even(saturate(value / scale))` of its float32 value,
+/// the caches' conversion (rope::quantize_fp8). Element (token t, head h,
+/// feature d) lies at `data + t * stride_token + h * stride_head + d` (bytes:
+/// an FP8 element is one byte); the feature axis is contiguous.
+struct Fp8Output {
+    void* data = nullptr;                   ///< Element (0, 0, 0); null: no FP8 output.
+    CacheDType dtype = CacheDType::e4m3fn;  ///< e4m3fn or e5m2 (CacheDType::model is refused).
+    Device device = Device::host;           ///< Where data (and scale) live; must match the backend.
+    int64_t tokens = 0;        ///< Tokens; must equal q's.
+    int64_t heads = 0;         ///< Heads per token; must equal q's.
+    int64_t head_dim = 0;      ///< Features per head; must equal q's.
+    int64_t stride_token = 0;  ///< Elements (bytes) between tokens.
+    int64_t stride_head = 0;   ///< Elements (bytes) between heads of a token.
+    /// Dequantisation scales (value ~= fp8 * scale), float32, finite and > 0,
+    /// on the backend's device; checked where they are in host memory, as a
+    /// PagedCache's.
+    const float* scale = nullptr;
+    int64_t scale_count = 0;  ///< 1 (per tensor) or heads (per head).
+
+    /// @brief A dense `[tokens, heads, head_dim]` FP8 tensor.
+    /// @param data first element.
+    /// @param device where @p data lives.
+    /// @param tokens tokens.
+    /// @param heads heads per token.
+    /// @param head_dim features per head.
+    /// @param dtype CacheDType::e4m3fn or CacheDType::e5m2.
+    /// @return the description (it then needs with_scale()).
+    static Fp8Output dense(void* data, Device device, int64_t tokens, int64_t heads, int64_t head_dim,
+                           CacheDType dtype = CacheDType::e4m3fn) {
+        return Fp8Output{data, dtype, device, tokens, heads, head_dim, heads * head_dim, head_dim, nullptr, 0};
+    }
+    /// @brief This output with its dequantisation scales.
+    /// @param scales float32 scales on the output's device (value ~= fp8 * scale).
+    /// @param count 1 (one for the whole tensor) or heads (one per head).
+    /// @return a copy with scale and scale_count set.
+    Fp8Output with_scale(const float* scales, int64_t count) const {
+        Fp8Output output = *this;
+        output.scale = scales;
+        output.scale_count = count;
+        return output;
+    }
+};
+
 /// @brief Which cache slot each token of the call is written to.
 ///
 /// `slots[t]` = page * page_size + slot in page, for t < count. Token t is
@@ -166,7 +216,9 @@ struct SlotMapping {
 /// batch 1), any strides with the feature axis contiguous, of one dtype. k may
 /// have fewer heads than q (GQA); v has k's heads and its own head_dim (MLA:
 /// the latent). q_out and k_out may be q and k themselves (in place) or
-/// separate tensors; q may have no heads (rotate and append k alone).
+/// separate tensors; q may have no heads (rotate and append k alone). With
+/// q_out_fp8 the rotated q goes there alone, quantised, and q is left as it
+/// was (q_out must then be q: nothing is written to it).
 struct KvAppendArgs {
     TensorView q;       ///< Queries to rotate.
     TensorView k;       ///< Keys to rotate and append.
@@ -179,6 +231,7 @@ struct KvAppendArgs {
     PagedCache v_cache;  ///< Receives v; heads and head_dim of v.
     CosSinCache cos_sin_cache{};  ///< A caller's cos/sin table (data null: computed from the config).
     void* stream = nullptr;       ///< CUDA backends: the cudaStream_t to issue work on (null: default stream).
+    Fp8Output q_out_fp8{};        ///< Where rotated q goes in FP8 instead of q_out (data null: q_out).
 
     /// @brief An in-place call: q and k are overwritten with their rotation.
     /// @param q queries, input and output.
@@ -188,17 +241,18 @@ struct KvAppendArgs {
     /// @param slot_mapping each token's cache slot.
     /// @param k_cache the key cache.
     /// @param v_cache the value cache.
-    /// @return the arguments, with q_out = q, k_out = k, no table and the default stream.
+    /// @return the arguments, with q_out = q, k_out = k, no table, the default stream and no FP8 q.
     static KvAppendArgs in_place(TensorView q, TensorView k, TensorView v, Positions positions,
                                  SlotMapping slot_mapping, PagedCache k_cache, PagedCache v_cache) {
-        return KvAppendArgs{q, k, v, q, k, positions, slot_mapping, k_cache, v_cache, {}, nullptr};
+        return KvAppendArgs{q, k, v, q, k, positions, slot_mapping, k_cache, v_cache, {}, nullptr, {}};
     }
 };
 
 /// @brief Rotates q and k, writes the rotated k to k_out and into k_cache, and v into v_cache,
 /// at each token's slot; the fused decode step of a serving engine.
 ///
-/// For each token t: q_out[t] = RoPE(q[t]) and k_out[t] = RoPE(k[t]) at the
+/// For each token t: q_out[t] = RoPE(q[t]) (or, with q_out_fp8, its FP8 codes
+/// quantised from float32) and k_out[t] = RoPE(k[t]) at the
 /// token's positions (every angle form rope has: scalings, precise angles, a
 /// cos/sin table, partial rotary, both pairings, several axes). When t <
 /// slot_mapping.count and slot = slot_mapping.slots[t] >= 0, the rotated k row

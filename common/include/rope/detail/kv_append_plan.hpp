@@ -61,10 +61,17 @@ struct KvAppendPlan {
     int64_t slot_limit = 0;       ///< pages * page_size: slots at or past it are never written.
     CacheTarget k_cache;          ///< Receives the rotated k rows.
     CacheTarget v_cache;          ///< Receives the v rows.
+    /// The FP8 output of rotated q (KvAppendArgs::q_out_fp8), heads and head_dim of q; data null
+    /// when q goes to rope.q.out. Token t's head h row starts at q_fp8.row_offset(t, 1, h)
+    /// (stride_page is the token stride). When set, rope.q.out is q itself and is not written.
+    CacheTarget q_fp8;
 
     /// @brief Tokens in the call.
     /// @return rope.seq.
     int64_t tokens() const { return rope.seq; }
+    /// @brief Whether rotated q goes to q_fp8, quantised, instead of rope.q.out.
+    /// @return true when q_fp8 has data.
+    ROPE_HOST_DEVICE bool quantises_q() const { return q_fp8.data != nullptr; }
     /// @brief Whether there is nothing to do.
     /// @return true when the call has no token.
     bool empty() const { return rope.seq == 0 || rope.batch == 0; }
