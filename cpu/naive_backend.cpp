@@ -74,6 +74,22 @@ void rotate_operand(const Plan& plan, const Operand& operand) {
     }
 }
 
+// Pair i of head h of token t of an append's q or k, read and rotated in float32 (the
+// token's position on the pair's axis, rotation_factors, rotate_pair): the values both
+// the model-dtype output and an FP8 target are made from.
+template <typename Storage>
+PairIndex rotated_pair(const Plan& rope, const Operand& operand, int64_t t, int64_t h, int64_t i, float& x, float& y) {
+    const auto* in = static_cast<const Storage*>(operand.in);
+    const Geometry& g = operand.in_geometry;
+    float cos_angle, sin_angle;
+    rotation_factors(rope.angles, rope.positions.at(0, t, rope.angles.pair_axis[size_t(i)]), i, cos_angle, sin_angle);
+    const PairIndex pair = pair_elements(rope.style, rope.rotary_dim, i);
+    x = to_float(in[g.offset(0, h, t, pair.first)]);
+    y = to_float(in[g.offset(0, h, t, pair.second)]);
+    rotate_pair(x, y, cos_angle, sin_angle);
+    return pair;
+}
+
 // q's FP8 output: every token's q rows rotated in float32 and quantised, never rounded to
 // the model dtype first; the pass-through features of partial rotary quantised as they are.
 template <typename Storage>
@@ -85,13 +101,8 @@ void quantise_q_rows(const KvAppendPlan& plan) {
         for (int64_t h = 0; h < g.heads; ++h) {
             const int64_t row = plan.q_fp8.row_offset(t, 1, h);
             for (int64_t i = 0; i < rope.pairs; ++i) {
-                float cos_angle, sin_angle;
-                rotation_factors(rope.angles, rope.positions.at(0, t, rope.angles.pair_axis[size_t(i)]), i, cos_angle,
-                                 sin_angle);
-                const PairIndex pair = pair_elements(rope.style, rope.rotary_dim, i);
-                float x = to_float(q[g.offset(0, h, t, pair.first)]);
-                float y = to_float(q[g.offset(0, h, t, pair.second)]);
-                rotate_pair(x, y, cos_angle, sin_angle);
+                float x, y;
+                const PairIndex pair = rotated_pair<Storage>(rope, rope.q, t, h, i, x, y);
                 store_cache_element(plan.q_fp8, row + pair.first, h, Storage{}, x);
                 store_cache_element(plan.q_fp8, row + pair.second, h, Storage{}, y);
             }
@@ -129,13 +140,8 @@ void append_rows(const KvAppendPlan& plan) {
         for (int64_t h = 0; h < g.heads; ++h) {
             const int64_t k_row = slot < 0 ? 0 : plan.k_cache.row_offset(slot, plan.page_size, h);
             for (int64_t i = 0; i < rope.pairs; ++i) {
-                float cos_angle, sin_angle;
-                rotation_factors(rope.angles, rope.positions.at(0, t, rope.angles.pair_axis[size_t(i)]), i, cos_angle,
-                                 sin_angle);
-                const PairIndex pair = pair_elements(rope.style, rope.rotary_dim, i);
-                float x = to_float(k[g.offset(0, h, t, pair.first)]);
-                float y = to_float(k[g.offset(0, h, t, pair.second)]);
-                rotate_pair(x, y, cos_angle, sin_angle);
+                float x, y;
+                const PairIndex pair = rotated_pair<Storage>(rope, rope.k, t, h, i, x, y);
                 const Storage x_stored = from_float<Storage>(x), y_stored = from_float<Storage>(y);
                 k_out[o.offset(0, h, t, pair.first)] = x_stored;
                 k_out[o.offset(0, h, t, pair.second)] = y_stored;
