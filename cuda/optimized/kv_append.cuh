@@ -3,7 +3,8 @@
 /// @brief cuda-optimized's RoPE + KV append (rope::append_kv), internal to the CUDA backends.
 ///
 /// One launch does the whole decode step of a serving engine: every q head of
-/// a token rotated into q_out, every k head rotated into k_out and into the k
+/// a token rotated into q_out (or, quantised, into an FP8 q output in the
+/// caches' format), every k head rotated into k_out and into the k
 /// cache row of the token's slot, every v head copied into the v cache row.
 /// The kernel (kv_append.cu) is the RoPE kernel's recipe (unit_kernel.cuh)
 /// applied to the larger call: 16-byte accesses, cos/sin computed once per
