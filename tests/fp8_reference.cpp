@@ -40,17 +40,38 @@ double reference_fp8_value(uint8_t code, rope::Fp8Format format) {
     return negative ? -magnitude : magnitude;
 }
 
+namespace {
+
+// The values of the 128 non-negative codes of a format by the formula above, and the largest finite
+// code, worked out once per format: the search below reads them for every number it converts.
+struct CodeValues {
+    double value[0x80];
+    uint8_t largest = 0;  // The last finite code of the format.
+    explicit CodeValues(rope::Fp8Format format) {
+        for (int code = 0; code < 0x80; ++code) {
+            value[code] = reference_fp8_value(uint8_t(code), format);
+            if (std::isfinite(value[code])) largest = uint8_t(code);
+        }
+    }
+};
+
+const CodeValues& code_values(rope::Fp8Format format) {
+    static const CodeValues e4m3fn(rope::Fp8Format::e4m3fn), e5m2(rope::Fp8Format::e5m2);
+    return format == rope::Fp8Format::e4m3fn ? e4m3fn : e5m2;
+}
+
+}  // namespace
+
 uint8_t reference_fp8(double x, rope::Fp8Format format) {
     const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
     const uint8_t nan_code = format == rope::Fp8Format::e4m3fn ? 0x7f : 0x7e;
     if (std::isnan(x)) return sign | nan_code;
     const double magnitude = std::fabs(x);
+    const CodeValues& codes = code_values(format);
     // Saturation: at or beyond the largest finite value (infinity included),
     // that value; it is the last finite code of the format.
-    uint8_t largest = 0;
-    for (int code = 0; code < 0x80; ++code)
-        if (std::isfinite(reference_fp8_value(uint8_t(code), format))) largest = uint8_t(code);
-    if (magnitude >= reference_fp8_value(largest, format)) return sign | largest;
+    const uint8_t largest = codes.largest;
+    if (magnitude >= codes.value[largest]) return sign | largest;
     // Otherwise the nearest of the finite non-negative codes. |x - value| is
     // exact in double wherever two candidates are close to a tie (x then has an
     // exponent near theirs); where it is not, x is far below the larger one, and
@@ -58,7 +79,7 @@ uint8_t reference_fp8(double x, rope::Fp8Format format) {
     uint8_t best = 0;
     double best_distance = std::numeric_limits<double>::infinity();
     for (int code = 0; code <= largest; ++code) {
-        const double distance = std::fabs(magnitude - reference_fp8_value(uint8_t(code), format));
+        const double distance = std::fabs(magnitude - codes.value[code]);
         const bool even = (code & 1) == 0;  // the mantissa's last bit is the code's last bit
         if (distance < best_distance || (distance == best_distance && even)) {
             best = uint8_t(code);
