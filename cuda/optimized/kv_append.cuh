@@ -10,8 +10,9 @@
 /// applied to the larger call: 16-byte accesses, cos/sin computed once per
 /// thread and reused across the heads of a token, a batch of rows loaded
 /// before the first is used, int64 offsets, and a prologue that overlaps the
-/// previous kernel. Views the 16-byte accesses cannot take go to the generic
-/// kernel (kv_append_generic.cu).
+/// previous kernel. Views the 16-byte accesses cannot take, and an FP8 q in a
+/// format other than the caches' (this kernel is compiled for one FP8 format
+/// a call), go to the generic kernel (kv_append_generic.cu).
 
 #include "device_launch.cuh"
 #include "rope/detail/kv_append_plan.hpp"
