@@ -28,6 +28,7 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <iomanip>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -67,6 +68,13 @@
 
 namespace rope_bench {
 namespace {
+
+// --fp8-scale as typed back: nine significant digits, which read back as the same float.
+std::string scale_text(float scale) {
+    std::ostringstream text;
+    text << std::setprecision(9) << scale;
+    return text.str();
+}
 
 // Random values of magnitude in [0.25, 1) and random sign: never zero, never denormal.
 template <typename Storage>
@@ -380,7 +388,8 @@ public:
 #if ROPE_BENCH_FLASHINFER
         prepare_flashinfer(form, bounds, cached, first_page, order);  // After the caches: its calls write them.
 #endif
-        scales_ = on_device(std::vector<float>{0.03125f, 0.0625f, 0.03125f}, cuda);  // k's, v's and q's.
+        const float scale = options.fp8_scale;
+        scales_ = on_device(std::vector<float>{scale, 2 * scale, scale}, cuda);  // k's, v's and q's.
         // --q-fp8: q is written once, in the caches' FP8 format, instead of in the model's dtype.
         const std::size_t q_written = options.q_fp8 ? q_bytes_ / element : q_bytes_;
         if (options.q_fp8) q_fp8_ = rope::Buffer(cuda, set_stride(q_written) * std::size_t(sets_));
@@ -395,7 +404,8 @@ public:
         detail_ = (form.detail.empty() ? "" : form.detail + "; ") + std::to_string(sequences) + " sequences" +
                   (place_ids ? " (positions: each token's place in its sequence, int64 ids)" : "") + ", " +
                   std::to_string(pages) + " pages of " + std::to_string(page_size) + " slots in a random order, " +
-                  "cache " + rope::cache_dtype_name(options.cache_dtype) + (options.q_fp8 ? ", q in FP8" : "");
+                  "cache " + rope::cache_dtype_name(options.cache_dtype) + (options.q_fp8 ? ", q in FP8" : "") +
+                  (options.fp8_scale != kDefaultFp8Scale ? ", k scale " + scale_text(options.fp8_scale) : "");
 
         cu_seqlens_ = on_device(form.cu_seqlens, cuda);
         ids_ = on_device(form.ids, cuda);
@@ -614,7 +624,8 @@ private:
             call.dtype = options_.dtype;
             call.cache_dtype = options_.cache_dtype;
             call.interleave = options_.style == rope::Style::interleaved;
-            call.quant_scale = options_.cache_dtype == rope::CacheDType::model ? 1.0f : 1.0f / 0.03125f;
+            // FlashInfer multiplies by quant_scale = 1 / scale (one scale for k and v).
+            call.quant_scale = options_.cache_dtype == rope::CacheDType::model ? 1.0f : 1.0f / options_.fp8_scale;
             flashinfer_calls_.push_back(call);
         }
     }

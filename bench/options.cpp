@@ -36,7 +36,9 @@ RoPE + KV append (--op append, CUDA backends, thd layout: B sequences of N new t
             (default 16), pages in a random order, each sequence after [0, --context) cached tokens;
             unfused: the backend's RoPE call, then a plain scatter of k and v into the same slots;
             both against a copy of the bytes the fused call moves; --cache model|e4m3fn|e5m2;
-            --q-fp8: q written in the caches' FP8 format (no unfused row)
+            --q-fp8: q written in the caches' FP8 format (no unfused row); --fp8-scale S: k's and
+            q's scale, v's 2S (default 2^-5: a power of two, which the quantiser divides by exactly
+            with a multiplication; another scale takes its exact division)
 QK-RMSNorm + RoPE (--op qknorm, CUDA backends; per-head norm, Llama-style weight of the dtype):
   qknorm    the fused call (rope::apply_qk_norm), rounding as --rounding says (default float32)
   unfused   bench/qk_norm_baseline.cu's RMSNorm of q, then of k, then the backend's RoPE call;
@@ -218,6 +220,11 @@ Options parse_options(int argc, const char* const* argv) {
     app.add_flag("--q-fp8", options.q_fp8, "--op append: rotated q written in the caches' FP8 format, as "
                                                "FlashInfer's fused kernel writes it (needs --cache e4m3fn or e5m2)")
             ->needs(op_option);
+    CLI::Option* fp8_scale_option =
+        app.add_option("--fp8-scale", options.fp8_scale, "--op append, FP8 caches: k's and q's dequantisation scale, "
+                                                         "v's twice it (default 0.03125, a power of two)")
+            ->check(within(kMinFp8Scale, kMaxFp8Scale))
+            ->needs(op_option);
     CLI::Option* rounding_option =
         app.add_option("--rounding", rounding, "--op qknorm: float32, hf_qwen3, hf_gemma3 or hf_olmo2 "
                                                "(default float32)")
@@ -256,6 +263,9 @@ Options parse_options(int argc, const char* const* argv) {
     if (options.q_fp8 && (options.op != "append" || options.cache_dtype == rope::CacheDType::model))
         throw UsageError("--q-fp8: needs --op append with --cache e4m3fn or e5m2 (q goes to the caches' FP8 format; "
                          "here --op " + options.op + " --cache " + cache + ")");
+    if (fp8_scale_option->count() > 0 && (options.op != "append" || options.cache_dtype == rope::CacheDType::model))
+        throw UsageError("--fp8-scale: needs --op append with --cache e4m3fn or e5m2 (here --op " + options.op +
+                         " --cache " + cache + ")");
     if (options.op == "rerotate") {  // Keys alone, at the plain positions: a window shift (see kFooter).
         const std::string op = ": --op rerotate ";
         if (options.kv_heads > 0)

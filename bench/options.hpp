@@ -29,6 +29,8 @@ constexpr int64_t kMaxElements = int64_t(1) << 34;     ///< q + k elements of on
 constexpr int64_t kMaxTableRows = int64_t(1) << 24;    ///< --table: position offset + tokens x --cp SIZE.
 constexpr int64_t kMaxPageSize = int64_t(1) << 16;     ///< --page-size.
 constexpr int64_t kMaxContext = int64_t(1) << 20;      ///< --context: tokens already cached per sequence.
+constexpr double kMinFp8Scale = 0x1p-20;               ///< --fp8-scale: inputs of magnitude ~1 against e4m3fn's
+constexpr double kMaxFp8Scale = 0x1p20;                ///< 448 and e5m2's 57344 leave any wider range all 0 or max.
 /// @}
 
 /// @brief --op rerotate: how far the keys move back, in positions (from P + shift, ... to P, ...), as a window
@@ -36,6 +38,9 @@ constexpr int64_t kMaxContext = int64_t(1) << 20;      ///< --context: tokens al
 /// distance (one rotation by the angle difference on the precise angle path, whatever the difference), so one
 /// shift stands for all; a power of two, so that it is a whole number of pages of any power-of-two page size.
 constexpr int64_t kRerotateShift = 1024;
+
+/// @brief --fp8-scale's default: 2^-5, so that inputs of magnitude ~1 use most of e4m3fn's range.
+constexpr float kDefaultFp8Scale = 0.03125f;
 
 /// @brief One --shape B,H,N,D: batch, q heads, tokens per sequence, head_dim (thd: B x N packed tokens).
 struct Shape {
@@ -93,6 +98,9 @@ struct Options {
     int64_t context = 2048;             ///< --op append: each sequence's cached tokens drawn from [0, context).
     rope::CacheDType cache_dtype = rope::CacheDType::model;  ///< --op append: --cache model, e4m3fn or e5m2.
     bool q_fp8 = false;  ///< --op append: --q-fp8, rotated q written in the caches' FP8 format (rope::Fp8Output).
+    /// --op append, FP8 caches: --fp8-scale, k's and q's dequantisation scale (v's is twice it). A power of two
+    /// by default: a scale that is not one takes the quantiser's exact division (rope/fp8.hpp).
+    float fp8_scale = kDefaultFp8Scale;
     rope::QkNormRounding rounding = rope::QkNormRounding::float32;  ///< --op qknorm: --rounding.
     bool help = false;                  ///< --help: print usage and do nothing else.
     std::string usage;                  ///< The help text (always filled).

@@ -48,6 +48,8 @@ TEST_CASE("defaults, and options read as written") {
     CHECK((append.op == "append" && append.layout == rope::Layout::thd && append.page_size == 32 &&
            append.cache_dtype == rope::CacheDType::e5m2 && append.context == 2048 && !append.q_fp8));
     CHECK(parse({"--op", "append", "--cache", "e4m3fn", "--q-fp8"}).q_fp8);
+    CHECK(append.fp8_scale == 0.03125f);
+    CHECK(parse({"--op", "append", "--cache", "e4m3fn", "--fp8-scale", "0.0224"}).fp8_scale == 0.0224f);
     const rope_bench::Options qk = parse({"--op", "qknorm", "--rounding", "hf_qwen3"});
     CHECK((qk.op == "qknorm" && qk.rounding == rope::QkNormRounding::hf_qwen3));
     CHECK((parse({}).op == "rope" && parse({"--op", "qknorm"}).rounding == rope::QkNormRounding::float32));
@@ -122,6 +124,11 @@ TEST_CASE("the table of accepted and refused options") {
         {{"--op", "append", "--q-fp8"}, "--q-fp8: needs --op append with --cache e4m3fn or e5m2"},
         {{"--op", "rope", "--q-fp8"}, "--q-fp8: needs --op append with --cache e4m3fn or e5m2"},
         {{"--q-fp8"}, "--q-fp8 requires --op"},
+        {{"--op", "append", "--cache", "e4m3fn", "--fp8-scale", "0"}, "--fp8-scale: must be a number from"},
+        {{"--op", "append", "--cache", "e4m3fn", "--fp8-scale", "nan"}, "--fp8-scale: must be a number from"},
+        {{"--op", "append", "--cache", "e5m2", "--fp8-scale", "2e6"}, "--fp8-scale: must be a number from"},
+        {{"--op", "append", "--fp8-scale", "0.5"}, "--fp8-scale: needs --op append with --cache e4m3fn or e5m2"},
+        {{"--fp8-scale", "0.5"}, "--fp8-scale requires --op"},
         {{"--page-size", "16"}, "--page-size requires --op"},
         {{"--op", "append", "--layout", "bshd"}, "--layout bshd: --op append takes thd"},
         {{"--op", "append", "--cp", "2,0"}, "--cp: --op append measures unsharded sequences only"},
