@@ -37,8 +37,9 @@ RoPE + KV append (--op append, CUDA backends, thd layout: B sequences of N new t
             unfused: the backend's RoPE call, then a plain scatter of k and v into the same slots;
             both against a copy of the bytes the fused call moves; --cache model|e4m3fn|e5m2;
             --q-fp8: q written in the caches' FP8 format (no unfused row); --fp8-scale S: k's and
-            q's scale, v's 2S (default 2^-5: a power of two, which the quantiser divides by exactly
-            with a multiplication; another scale takes its exact division)
+            q's scale, v's 2S (default 2^-5, a power of two; at a scale that is not one, as a
+            calibrated amax / 448 is, rope's division by S and FlashInfer's multiplication by 1/S
+            can round to different codes)
 QK-RMSNorm + RoPE (--op qknorm, CUDA backends; per-head norm, Llama-style weight of the dtype):
   qknorm    the fused call (rope::apply_qk_norm), rounding as --rounding says (default float32)
   unfused   bench/qk_norm_baseline.cu's RMSNorm of q, then of k, then the backend's RoPE call;

@@ -99,7 +99,7 @@ struct Options {
     rope::CacheDType cache_dtype = rope::CacheDType::model;  ///< --op append: --cache model, e4m3fn or e5m2.
     bool q_fp8 = false;  ///< --op append: --q-fp8, rotated q written in the caches' FP8 format (rope::Fp8Output).
     /// --op append, FP8 caches: --fp8-scale, k's and q's dequantisation scale (v's is twice it). A power of two
-    /// by default: a scale that is not one takes the quantiser's exact division (rope/fp8.hpp).
+    /// by default; at one that is not, x / scale (rope's) and x * (1 / scale) (FlashInfer's) can round apart.
     float fp8_scale = kDefaultFp8Scale;
     rope::QkNormRounding rounding = rope::QkNormRounding::float32;  ///< --op qknorm: --rounding.
     bool help = false;                  ///< --help: print usage and do nothing else.
